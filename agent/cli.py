@@ -1,0 +1,79 @@
+"""The `laplace` command line: the only place that builds concrete objects and wires them.
+
+Commands parse arguments and call services; heavy imports (torch) happen inside the
+commands that need them, so `laplace sessions list` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from agent.settings import Settings
+
+app = typer.Typer(
+    name="laplace",
+    help="A terminal chat agent for indefinitely long sessions on fixed-state GLA models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """laplace: chat with a model whose memory of the session never grows."""
+
+
+def fail(message: str, code: int = 1) -> "typer.Exit":
+    """Print a one-line error to stderr and return the Exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n} B"
+
+
+@app.command()
+def info(
+    model: str = typer.Option("default", "-m", "--model", help="Preset name, model name or model directory."),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | neuron"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Model config, parameter count, state bytes per session, the KV cache it replaces, device."""
+    from agent.runtime.info import ModelInfoError, describe_model
+
+    settings = Settings.from_env()
+    try:
+        data = describe_model(model, device=device, models_dir=settings.models_dir)
+    except ModelInfoError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    c = data["config"]
+    lines = [
+        f"model        {data['name']}  ({data['source']})",
+        f"layers       {c['n_layers']} x hidden {c['d_model']}, {c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}",
+        f"parameters   {data['parameters'] / 1e9:.3f} B  ({data['parameters']:,}; Muon {data['muon_parameters']:,}, AdamW {data['adamw_parameters']:,})",
+        f"state        {data['state_bytes']:,} bytes per sequence ({_human_bytes(data['state_bytes'])}), at any context length",
+        f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({_human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
+        f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init",
+        f"device       {data['device']}",
+    ]
+    if data.get("fingerprint"):
+        lines.append(f"fingerprint  {data['fingerprint'][:16]}")
+    for key, value in (data.get("card") or {}).items():
+        lines.append(f"card.{key:<8} {value}")
+    typer.echo("\n".join(lines))
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

@@ -1,0 +1,178 @@
+"""Model directories: load and save strictly, and fingerprint what was loaded.
+
+A model directory holds `config.json` (format version, architecture, optional model card),
+`model.safetensors`, `tokenizer.json` and `chat_template.json`. Loading is strict: a
+missing file, a missing, extra or mis-shaped tensor is an error that names it. Nothing is
+ever unpickled.
+
+The fingerprint is a sha256 over the config, every weight's bytes, the tokenizer and the
+chat template: a saved state records it, so it can never be paired with another model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from agent.runtime.config import PRESETS, LaplaceConfig
+from agent.runtime.model import LaplaceModel, build_model
+from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
+
+MODEL_FORMAT = "laplace-model"
+MODEL_FORMAT_VERSION = 1
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.json")
+PACKAGED_MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+class ModelLoadError(RuntimeError):
+    """A model cannot be found or loaded; the message says which file and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """Everything needed to run a model: weights, tokenizer, chat template, identity."""
+
+    model: LaplaceModel
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    name: str
+    path: Path | None = None
+    card: dict[str, Any] = field(default_factory=dict)
+    _fingerprint: str | None = None
+
+    @property
+    def config(self) -> LaplaceConfig:
+        return self.model.config
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.model, self.tokenizer, self.template)
+        return self._fingerprint
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: ChatTemplate) -> str:
+    h = hashlib.sha256()
+    h.update(model.config.to_json().encode())
+    h.update(weights_digest(model).encode())
+    h.update(tokenizer.digest().encode())
+    h.update(template.to_json().encode())
+    return h.hexdigest()
+
+
+def save_model_dir(loaded: LoadedModel, path: str | Path, *, card: dict[str, Any] | None = None) -> Path:
+    """Write a model directory that `load_model` (and `laplace chat -m DIR`) loads directly."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "model": loaded.config.to_dict(), "card": card if card is not None else loaded.card}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in loaded.model.state_dict().items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": MODEL_FORMAT})
+    tmp.replace(out / "model.safetensors")
+    loaded.tokenizer.save(out / "tokenizer.json")
+    (out / "chat_template.json").write_text(loaded.template.to_json(), encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+    return out
+
+
+def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
+    """(config, card) of a model directory, without touching the weights."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        meta = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"model directory {path} has no config.json; it is not a laplace model directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({exc}); restore the file or re-export the model") from None
+    if meta.get("format") != MODEL_FORMAT:
+        raise ModelLoadError(f"{cfg_path} is not a laplace model config (format {meta.get('format')!r})")
+    if meta.get("format_version") != MODEL_FORMAT_VERSION:
+        raise ModelLoadError(f"{cfg_path} has format version {meta.get('format_version')}; this laplace reads {MODEL_FORMAT_VERSION}: upgrade laplace")
+    try:
+        config = LaplaceConfig.from_dict(meta["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{cfg_path} has an invalid model config: {exc}") from None
+    return config, dict(meta.get("card") or {})
+
+
+def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelLoadError(f"model directory {root} does not exist")
+    missing = [f for f in MODEL_FILES if not (root / f).is_file()]
+    if missing:
+        raise ModelLoadError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
+    config, card = read_config(root)
+    try:
+        tensors = load_file(str(root / "model.safetensors"))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"{root / 'model.safetensors'} is unreadable ({exc}); restore the file or re-export the model") from None
+    model = build_model(config, device="meta")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing_t = sorted(set(expected) - set(tensors))
+    extra_t = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
+    problems = []
+    if missing_t:
+        problems.append(f"missing tensors {missing_t[:5]}")
+    if extra_t:
+        problems.append(f"unexpected tensors {extra_t[:5]}")
+    if wrong:
+        problems.append("mis-shaped " + ", ".join(f"{k} {tuple(tensors[k].shape)} != {expected[k]}" for k in wrong[:5]))
+    if problems:
+        raise ModelLoadError(f"{root / 'model.safetensors'} does not match config.json: {'; '.join(problems)}")
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model = model.to(device=device, dtype=dtype).eval()
+    try:
+        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
+        template = ChatTemplate.load(root / "chat_template.json")
+    except Exception as exc:  # tokenizers raises its own Exception type
+        raise ModelLoadError(f"tokenizer or chat template in {root} is invalid ({exc})") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}")
+    return LoadedModel(model, tokenizer, template, name=card.get("name", root.name), path=root, card=card)
+
+
+def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Path | None:
+    """A directory for `name_or_path`: a path, a user model under LAPLACE_HOME, or a packaged one."""
+    p = Path(name_or_path).expanduser()
+    if p.is_dir() or "/" in name_or_path or name_or_path.startswith("."):
+        return p
+    for base in ([models_dir] if models_dir else []) + [PACKAGED_MODELS]:
+        if (base / name_or_path).is_dir():
+            return base / name_or_path
+    return None
+
+
+def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, models_dir: Path | None = None, seed: int = 0) -> LoadedModel:
+    """Load a model directory, or build a seeded, untrained model from a byte-vocab preset."""
+    path = resolve_model_path(name_or_path, models_dir)
+    if path is not None:
+        return load_model_dir(path, device=device, dtype=dtype)
+    if name_or_path in PRESETS:
+        config = PRESETS[name_or_path]
+        tok = byte_level_tokenizer()
+        if config.vocab_size != tok.vocab_size:
+            raise ModelLoadError(
+                f"preset {name_or_path} has no weights (vocabulary {config.vocab_size}); give a model directory with -m PATH, or use the 'tiny' preset"
+            )
+        model = build_model(config, device=device, dtype=dtype, seed=seed).eval()
+        return LoadedModel(model, tok, ChatTemplate(), name=name_or_path, card={"name": name_or_path, "trained": False})
+    known = sorted(PRESETS) + sorted(p.name for p in PACKAGED_MODELS.glob("*") if p.is_dir())
+    raise ModelLoadError(f"no model named {name_or_path!r}: not a directory, a user model or a preset (known: {', '.join(known)})")

@@ -1,0 +1,177 @@
+"""Running a model: segmented prefill, token-by-token generation, batched decode.
+
+`Runner` is the seam between the math and the shapes a backend wants: `EagerRunner` calls
+the model directly; `compiled.CompiledRunner` pads to fixed buckets for torch.compile.
+`Generation` is an iterator of token ids with explicit state bookkeeping, so a caller that
+stops early (cancel, stop string, length) can always get a state that has read exactly the
+tokens it keeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from agent.runtime.model import LaplaceModel
+from agent.runtime.sampling import SamplingOptions, make_generator, sample
+from agent.runtime.state import RecurrentState
+
+ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
+DEFAULT_SEGMENT = 512
+
+
+class EagerRunner:
+    """Prefill in fixed-size segments and decode one token at a time, eagerly."""
+
+    def __init__(self, model: LaplaceModel, segment_len: int = DEFAULT_SEGMENT) -> None:
+        chunk = model.config.chunk_size
+        if segment_len % chunk:
+            raise ValueError(f"segment length {segment_len} must be a multiple of the chunk size {chunk}")
+        self.model = model
+        self.segment_len = segment_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.weight.device
+
+    def forward_segment(self, ids: Tensor, state: RecurrentState, lengths: Tensor | None) -> tuple[Tensor, RecurrentState]:
+        """ids [B, L] (L <= segment) -> (last logits [B, vocab], state)."""
+        logits, state = self.model(ids, state, lengths=lengths, last_only=True)
+        return logits[:, -1], state
+
+    def step(self, tokens: Tensor, state: RecurrentState) -> tuple[Tensor, RecurrentState]:
+        """tokens [B] -> (logits [B, vocab], state)."""
+        logits, state = self.model(tokens[:, None], state)
+        return logits[:, -1], state
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], state: RecurrentState | None = None, progress: ProgressFn | None = None) -> tuple[Tensor, RecurrentState]:
+        """Fold `ids` into a batch-1 state segment by segment; peak memory is set by the
+        segment length, not by len(ids). Returns the logits after the last token."""
+        if len(ids) == 0:
+            raise ValueError("prefill needs at least one token")
+        state = state if state is not None else self.model.new_state(1)
+        n0 = state.n_tokens
+        all_ids = torch.as_tensor(list(ids), dtype=torch.long, device=self.device)
+        logits = None
+        for start in range(0, len(ids), self.segment_len):
+            seg = all_ids[start : start + self.segment_len][None]
+            logits, state = self.forward_segment(seg, state, None)
+            if progress is not None:
+                progress(min(start + self.segment_len, len(ids)), len(ids))
+        state.n_tokens = n0 + len(ids)
+        assert logits is not None
+        return logits, state
+
+
+@dataclass
+class Generation:
+    """Sample tokens until a stop token, a stop string, `max_new_tokens` or cancellation.
+
+    Iterating yields token ids. A stop token ends the turn and is not yielded (the caller
+    folds the template's turn suffix). `state` has read every yielded token except possibly
+    the last; `finish()` folds that one too and returns the state matching `tokens`."""
+
+    runner: EagerRunner
+    state: RecurrentState
+    logits: Tensor  # [1, vocab] after the last prompt token
+    opts: SamplingOptions
+    stop_ids: Sequence[int] = ()
+    decode: Callable[[list[int]], str] | None = None  # needed for stop strings
+    cancel: threading.Event | None = None
+    generator: torch.Generator | None = None
+    history: list[int] = field(default_factory=list)  # prompt tokens for the repetition penalty
+    tokens: list[int] = field(default_factory=list)
+    stop_reason: str | None = None  # "stop" | "stop_string" | "length" | "cancelled"
+    _pending: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.generator is None:
+            self.generator = make_generator(self.opts.seed)
+        if self.opts.stop and self.decode is None:
+            raise ValueError("stop strings need a decode function")
+
+    @torch.inference_mode()
+    def __iter__(self) -> Iterator[int]:
+        device = self.logits.device
+        while True:
+            if self.cancel is not None and self.cancel.is_set():
+                self.stop_reason = "cancelled"
+                return
+            self._fold_pending()
+            hist = self.history[-256:] + self.tokens[-256:]
+            hist_t = torch.tensor([hist], dtype=torch.long, device=device) if hist and self.opts.repetition_penalty != 1.0 else None
+            token = int(sample(self.logits, self.opts, self.generator, hist_t)[0])
+            if token in self.stop_ids:
+                self.stop_reason = "stop"
+                return
+            self.tokens.append(token)
+            self._pending = token
+            yield token
+            if self.opts.stop and self.decode is not None:
+                tail = self.decode(self.tokens[-64:])
+                if any(s in tail for s in self.opts.stop):
+                    self.stop_reason = "stop_string"  # the stop string stays in the reply
+                    return
+            if len(self.tokens) >= self.opts.max_new_tokens:
+                self.stop_reason = "length"
+                return
+
+    def _fold_pending(self) -> None:
+        if self._pending is not None:
+            tok = torch.tensor([self._pending], dtype=torch.long, device=self.logits.device)
+            n = self.state.n_tokens
+            self.logits, self.state = self.runner.step(tok, self.state)
+            self.state.n_tokens = n + 1
+            self._pending = None
+
+    @torch.inference_mode()
+    def finish(self) -> RecurrentState:
+        """The state after reading exactly `self.tokens`."""
+        self._fold_pending()
+        return self.state
+
+
+@torch.inference_mode()
+def generate_batch(
+    runner: EagerRunner,
+    prompts: Sequence[Sequence[int]],
+    opts: SamplingOptions,
+    *,
+    stop_ids: Sequence[int] = (),
+    widths: Sequence[int] = (1, 2, 4, 8, 16),
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Generate for several prompts at once, decoding in a batch padded to a fixed width.
+
+    Rows are independent in every op, so padding rows (and finished rows, which keep
+    stepping on a dummy token) never change a real row's tokens."""
+    n = len(prompts)
+    width = next((w for w in sorted(widths) if w >= n), None)
+    if width is None:
+        raise ValueError(f"{n} prompts exceed the largest batch width {max(widths)}")
+    generator = generator or make_generator(opts.seed)
+    device = runner.device
+    # Prefill each prompt separately (peak memory stays per-segment), then join the rows.
+    rows = [runner.prefill(p) for p in prompts]
+    logits = torch.cat([r[0] for r in rows] + [rows[0][0].new_zeros(width - n, rows[0][0].shape[-1])])
+    state = RecurrentState.stack([r[1] for r in rows]).padded_to(width)
+    out: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    for _ in range(opts.max_new_tokens):
+        tokens = sample(logits, opts, generator)
+        for i in range(n):
+            if not done[i]:
+                t = int(tokens[i])
+                if t in stop_ids:
+                    done[i] = True
+                else:
+                    out[i].append(t)
+        if all(done):
+            break
+        logits, state = runner.step(tokens.to(device), state)
+    return out

@@ -1,0 +1,112 @@
+"""Simple Gated Linear Attention as pure functions: `(q, k, v, g, initial_state) -> (o, final_state)`.
+
+Shapes (the paper's notation):
+    q, k: [B, T, H, K]    v: [B, T, H, V]    g: [B, T, H] (log-decay, <= 0)
+    initial_state, final_state: [B, H, K, V] (always fp32)    o: [B, T, H, V] (dtype of v)
+
+Recurrent form (the definition; `gla_naive` and `gla_step` implement it):
+
+    S_t = exp(g_t) * S_(t-1) + k_t^T v_t
+    o_t = (scale * q_t) S_t,     scale = K ** -0.5
+
+Chunked form (`gla_chunked`; prefill and training): within a chunk of C tokens let b be the
+cumulative sum of g restarted at the chunk, b_L its last value. Then
+
+    O_intra = ((scale * Q K^T) * M) V,   M_ij = exp(b_i - b_j) for j <= i, else 0
+    O_inter = (scale * Q * exp(b)) S_prev
+    S_next  = exp(b_L) S_prev + (K * exp(b_L - b))^T V
+
+Every exponent above is <= 0. TRAP: factorizing M as (Q e^b)(K e^-b)^T overflows fp32 at
+C = 128 for a head with a 1-token half-life (b reaches 128 ln 0.5 = -88.7), so M is built
+by masking b_i - b_j *before* exponentiating. Decay sums and the state stay in fp32 whatever
+the input dtype; the matmuls here also run in fp32 for exactness (the CPU has no fast bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None) -> tuple[int, int, int, int, int]:
+    if q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(f"q and k must both be [B, T, H, K]; got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must be [B, T, H, V] matching q; got {tuple(v.shape)}")
+    if g.shape != (B, T, H):
+        raise ValueError(f"g must be [B, T, H]; got {tuple(g.shape)}")
+    V = v.shape[-1]
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}; got {tuple(initial_state.shape)}")
+    return B, T, H, K, V
+
+
+def _initial(initial_state: Tensor | None, B: int, H: int, K: int, V: int, device: torch.device) -> Tensor:
+    if initial_state is None:
+        return torch.zeros(B, H, K, V, dtype=torch.float32, device=device)
+    return initial_state.float()
+
+
+def gla_naive(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The deliberately slow reference: one token at a time, straight from the definition."""
+    B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
+    scale = K**-0.5
+    S = _initial(initial_state, B, H, K, V, q.device)
+    qf, kf, vf, gf = q.float(), k.float(), v.float(), g.float()
+    outs = []
+    for t in range(T):
+        S = gf[:, t, :, None, None].exp() * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", qf[:, t] * scale, S))
+    o = torch.stack(outs, dim=1) if outs else vf.new_zeros(B, 0, H, V)
+    return o.to(v.dtype), S
+
+
+def gla_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One decode step (T == 1) of the recurrent form; same signature as the others."""
+    B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
+    if T != 1:
+        raise ValueError(f"gla_step takes exactly one token, got T={T}")
+    S = _initial(initial_state, B, H, K, V, q.device)
+    q1, k1, v1 = q[:, 0].float(), k[:, 0].float(), v[:, 0].float()
+    S = g[:, 0, :, None, None].float().exp() * S + k1[..., :, None] * v1[..., None, :]
+    o = torch.einsum("bhk,bhkv->bhv", q1 * K**-0.5, S)
+    return o[:, None].to(v.dtype), S
+
+
+def gla_chunked(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, chunk_size: int = 128
+) -> tuple[Tensor, Tensor]:
+    """The chunked form. T need not be a multiple of `chunk_size`: the tail is padded with
+    k = v = 0 and g = 0 (no write, no decay), which leaves the state exactly unchanged.
+    The loop over chunks is plain Python over static shapes, so a compiler unrolls it."""
+    B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
+    C = chunk_size
+    n_chunks = -(-T // C)
+    pad = n_chunks * C - T
+    # [B, T, H, D] -> [B, H, T, D] in fp32.
+    qf = q.float().transpose(1, 2) * K**-0.5
+    kf = k.float().transpose(1, 2)
+    vf = v.float().transpose(1, 2)
+    gf = g.float().transpose(1, 2)
+    if pad:
+        qf = torch.nn.functional.pad(qf, (0, 0, 0, pad))
+        kf = torch.nn.functional.pad(kf, (0, 0, 0, pad))
+        vf = torch.nn.functional.pad(vf, (0, 0, 0, pad))
+        gf = torch.nn.functional.pad(gf, (0, pad))
+    S = _initial(initial_state, B, H, K, V, q.device)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    outs = []
+    for c in range(n_chunks):
+        sl = slice(c * C, (c + 1) * C)
+        qc, kc, vc = qf[:, :, sl], kf[:, :, sl], vf[:, :, sl]
+        b = gf[:, :, sl].cumsum(-1)  # [B, H, C], fp32, <= 0 and non-increasing
+        b_last = b[..., -1:]  # [B, H, 1]
+        diff = b[..., :, None] - b[..., None, :]  # b_i - b_j, positive above the diagonal
+        decay = torch.where(causal, diff, float("-inf")).exp()  # mask first: nothing overflows
+        o_intra = ((qc @ kc.transpose(-1, -2)) * decay) @ vc
+        o_inter = (qc * b.exp()[..., None]) @ S
+        outs.append(o_intra + o_inter)
+        S = b_last.exp()[..., None] * S + (kc * (b_last - b).exp()[..., None]).transpose(-1, -2) @ vc
+    o = torch.cat(outs, dim=2)[:, :, :T].transpose(1, 2)
+    return o.to(v.dtype), S

@@ -1,0 +1,68 @@
+"""What `laplace info` reports, computed without allocating weights where possible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.runtime.checkpoint import ModelLoadError, read_config, resolve_model_path
+from agent.runtime.config import PRESETS
+from agent.runtime.device import DeviceUnavailableError, resolve_device
+from agent.runtime.model import build_model
+
+
+class ModelInfoError(RuntimeError):
+    pass
+
+
+def count_on_meta(config: Any) -> tuple[int, int]:
+    """(all parameters, Muon parameters) counted on a meta-device build: no memory used."""
+    model = build_model(config, device="meta")
+    total = sum(p.numel() for p in model.parameters())
+    muon = sum(p.numel() for name, p in model.named_parameters() if is_block_matrix(name, p))
+    return total, muon
+
+
+def is_block_matrix(name: str, p: torch.Tensor) -> bool:
+    """The 2-D matrices inside blocks that Muon trains (q, k, v, output gate, o, GLU)."""
+    return name.startswith("blocks.") and p.dim() == 2 and name.endswith(("_proj.weight", "w1.weight", "w2.weight", "w3.weight"))
+
+
+def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path | None = None) -> dict[str, Any]:
+    try:
+        dev = resolve_device(device)
+    except DeviceUnavailableError as exc:
+        raise ModelInfoError(str(exc)) from None
+    card: dict[str, Any] = {}
+    path = resolve_model_path(name_or_path, models_dir)
+    if path is not None:
+        try:
+            config, card = read_config(path)
+        except ModelLoadError as exc:
+            raise ModelInfoError(str(exc)) from None
+        source = str(path)
+    elif name_or_path in PRESETS:
+        config = PRESETS[name_or_path]
+        source = "preset"
+    else:
+        known = ", ".join(sorted(PRESETS))
+        raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")
+    total, muon = count_on_meta(config)
+    state = config.state_bytes()
+    kv = config.kv_cache_bytes(8192)
+    return {
+        "name": card.get("name", name_or_path),
+        "source": source,
+        "config": config.to_dict(),
+        "parameters": total,
+        "muon_parameters": muon,
+        "adamw_parameters": total - muon,
+        "state_bytes": state,
+        "kv_cache_bytes_8k": kv,
+        "kv_cache_ratio_8k": kv / state,
+        "half_lives": config.half_lives(),
+        "device": str(dev),
+        "card": card,
+    }
