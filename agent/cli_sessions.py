@@ -1,0 +1,225 @@
+"""`laplace sessions ...`: list, show, rename, rm, fork, export, search, archive, retention.
+
+Imports only typer/rich, `sessions` and `agent.settings` (never torch), so managing
+sessions starts in a fraction of a second. Commands parse arguments and call the store;
+every SessionError becomes one `error: ...` line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.settings import Settings
+from sessions import SessionError, SessionStore, SessionSummary
+from sessions.export import session_dict
+
+app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix).", no_args_is_help=True)
+
+
+@contextmanager
+def _store() -> Iterator[SessionStore]:
+    settings = Settings.from_env()
+    settings.ensure_home()
+    try:
+        with SessionStore.open(settings.db_path) as store:
+            yield store
+    except SessionError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _console() -> Console:
+    # Wide enough that tests and pipes do not wrap table rows mid-id.
+    return Console(width=max(Console().width, 120), highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _ago(iso: str) -> str:
+    secs = (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    for span, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if secs >= span:
+            return f"{int(secs // span)}{unit} ago"
+    return "just now"
+
+
+def _summary_dict(item: SessionSummary) -> dict[str, Any]:
+    return {**session_dict(item.session), "turns": item.turns, "tokens_folded": item.tokens_folded,
+            "state_bytes": item.state_bytes, "snapshots": item.snapshots}
+
+
+@app.command("list")
+def list_(
+    all_: bool = typer.Option(False, "--all", "-a", help="Include archived sessions."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Show at most N sessions."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Sessions, most recently used first."""
+    with _store() as store:
+        items = store.list_sessions(include_archived=all_, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([_summary_dict(i) for i in items], indent=2))
+        return
+    if not items:
+        typer.echo("no sessions yet; start one with `laplace chat`")
+        return
+    table = Table("id", "name", "model", "turns", "tokens", "state", "last used")
+    for i in items:
+        s = i.session
+        table.add_row(s.short_id, (s.name or "") + (" [archived]" if s.archived else ""), s.model_id,
+                      str(i.turns), str(i.tokens_folded), _size(i.state_bytes), _ago(s.updated_at))
+    _console().print(table)
+
+
+@app.command()
+def show(
+    session_id: str = typer.Argument(..., help="Session id or unique prefix."),
+    turns: int = typer.Option(10, "--turns", "-t", help="How many recent turns to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Details of one session: branch, snapshots, retention policy, recent turns."""
+    with _store() as store:
+        item = store.summary(session_id)
+        s = item.session
+        snaps = store.snapshots(s.id)
+        tail = store.tail(s.id, turns)
+        lease = store.lease_holder(s.id)
+    policy = f"latest snapshot per branch + {s.keep_snapshots} older"
+    if as_json:
+        typer.echo(json.dumps({
+            **_summary_dict(item), "retention": {"keep_latest_per_branch": 1, "keep_older": s.keep_snapshots},
+            "in_use_by": {"pid": lease.pid, "hostname": lease.hostname} if lease else None,
+            "snapshots": [{"turn_id": x.turn_id, "n_tokens": x.n_tokens, "byte_size": x.byte_size,
+                           "model_fingerprint": x.model_fingerprint, "format": x.format, "dtype": x.dtype,
+                           "created_at": x.created_at} for x in snaps],
+            "turns": [{"turn_id": t.id, "role": t.role, "status": t.status, "content": t.content,
+                       "n_tokens": t.n_tokens} for t in tail],
+        }, indent=2))
+        return
+    out = _console()
+    out.print(f"[bold]{s.name or '(unnamed)'}[/bold]  {s.uid}")
+    out.print(f"model {s.model_id} · {item.turns} turns · {item.tokens_folded} tokens folded · "
+              f"state {_size(item.state_bytes)} · created {s.created_at} · last used {_ago(s.updated_at)}"
+              + (" · archived" if s.archived else ""))
+    out.print(f"snapshots: {len(snaps)} kept; retention: {policy}")
+    if lease:
+        out.print(f"in use by pid {lease.pid} on {lease.hostname}")
+    for t in tail:
+        if t.role == "system" and not t.content:
+            continue
+        flag = "" if t.status == "complete" else f" ({t.status})"
+        text = t.content if len(t.content) <= 200 else t.content[:200] + "…"
+        out.print(f"[dim]#{t.id}[/dim] [bold]{t.role}{flag}[/bold]: {text}", markup=True, soft_wrap=True)
+
+
+@app.command()
+def rename(session_id: str, name: str) -> None:
+    """Give a session a name."""
+    with _store() as store:
+        s = store.rename_session(session_id, name)
+    typer.echo(f"renamed {s.short_id} to {name!r}")
+
+
+@app.command("rm")
+def rm(
+    session_id: str,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete a session, its transcript and its states, for good."""
+    with _store() as store:
+        item = store.summary(session_id)
+        label = f"{item.session.short_id} ({item.session.name or 'unnamed'}, {item.turns} turns)"
+        if not yes and not typer.confirm(f"delete session {label}? this cannot be undone"):
+            typer.echo("aborted", err=True)
+            raise typer.Exit(1)
+        store.delete_session(item.session.id)
+    typer.echo(f"deleted {label}")
+
+
+@app.command()
+def archive(
+    session_id: str,
+    undo: bool = typer.Option(False, "--undo", help="Unarchive instead."),
+) -> None:
+    """Hide a session from `list` (kept intact; `list --all` shows it)."""
+    with _store() as store:
+        s = store.set_archived(session_id, not undo)
+    typer.echo(f"{'unarchived' if undo else 'archived'} {s.short_id}")
+
+
+@app.command()
+def retention(session_id: str, keep: int = typer.Argument(..., min=0, help="Older snapshots to keep per branch.")) -> None:
+    """Set how many older snapshots a session keeps per branch besides the latest."""
+    with _store() as store:
+        store.set_keep_snapshots(session_id, keep)
+    typer.echo(f"retention: latest snapshot per branch + {keep} older")
+
+
+@app.command()
+def fork(
+    session_id: str,
+    at: Optional[int] = typer.Option(None, "--at", help="Turn id to fork at (default: the head)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Name of the new session."),
+) -> None:
+    """Copy a session (up to a turn) into a new session with its state."""
+    with _store() as store:
+        new = store.fork(session_id, at, name=name)
+    typer.echo(new.uid)
+
+
+@app.command()
+def export(
+    session_id: str,
+    fmt: str = typer.Option("markdown", "--format", "-f", help="markdown or json."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Export the current branch as Markdown or JSON (JSON is what `laplace finetune` reads)."""
+    if fmt not in ("markdown", "md", "json"):
+        typer.echo(f"error: unknown format {fmt!r}; use markdown or json", err=True)
+        raise typer.Exit(1)
+    with _store() as store:
+        text = (json.dumps(store.export_json(session_id), indent=2, ensure_ascii=False) + "\n"
+                if fmt == "json" else store.export_markdown(session_id))
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+
+
+@app.command()
+def search(
+    query: str,
+    limit: int = typer.Option(20, "--limit", "-n"),
+    all_: bool = typer.Option(False, "--all", "-a", help="Include archived sessions."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Full-text search over every transcript."""
+    with _store() as store:
+        hits = store.search(query, limit=limit, include_archived=all_)
+    if as_json:
+        typer.echo(json.dumps([{"session": h.session_uid, "session_name": h.session_name, "turn_id": h.turn_id,
+                                "role": h.role, "snippet": h.snippet, "created_at": h.created_at}
+                               for h in hits], indent=2, ensure_ascii=False))
+        return
+    if not hits:
+        typer.echo("no matches")
+        return
+    out = _console()
+    for h in hits:
+        out.print(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: {h.snippet}", markup=False, soft_wrap=True)
