@@ -1,0 +1,92 @@
+"""Verify on load: corrupt, truncated, foreign-model and mismatched states, and the replay way out."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions import (
+    GENESIS_HASH, SessionStore, StateChecksumError, StateError, StateMeta, StateModelMismatch,
+    StateTranscriptMismatch, chain_hash,
+)
+
+from .conftest import FINGERPRINT, converse, fake_state, meta, tokens_of
+
+
+@pytest.fixture
+def chat(store: SessionStore):
+    s = store.create_session(model_id="tiny", system_token_ids=tokens_of("sys"))
+    for i in range(4):
+        converse(store, s.id, f"message {i}", size=8192)
+    return s
+
+
+def replay(store: SessionStore, session_id: int) -> None:
+    """What the chat service does on a StateError: fold the branch's tokens into a fresh state."""
+    h = GENESIS_HASH
+    for ids in store.branch_token_ids(session_id):
+        h = chain_hash(h, ids)
+    head = store.get_session(session_id).head_turn_id
+    store.put_snapshot(head, fake_state(h, 8192), meta(stream_hash=h))
+
+
+def _corrupt(store: SessionStore, sql: str) -> None:
+    with store.transaction():
+        store.db.execute(sql)
+
+
+CORRUPTIONS = {
+    "flipped_byte": (("UPDATE snapshot_data SET data = CAST(substr(data, 1, 100) || CASE WHEN substr(data, 101, 1) = X'FF'"
+                      " THEN X'00' ELSE X'FF' END || substr(data, 102) AS BLOB)"),
+                     StateChecksumError, "sha256 mismatch"),
+    "truncated": ("UPDATE snapshot_data SET data = substr(data, 1, 1000)", StateChecksumError, "bytes stored"),
+    "other_model": ("UPDATE state_snapshots SET model_fingerprint = 'fp-3b-9999'", StateModelMismatch,
+                    "another model"),
+    "wrong_transcript": ("UPDATE state_snapshots SET stream_hash = '" + "e" * 64 + "'",
+                         StateTranscriptMismatch, "disagrees with the transcript"),
+    "wrong_token_count": ("UPDATE state_snapshots SET n_tokens = n_tokens - 1", StateTranscriptMismatch,
+                          "tokens"),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPTIONS, ids=str)
+def test_each_corruption_has_its_clear_error_and_replay_recovers(store: SessionStore, chat, case: str) -> None:
+    sql, error, words = CORRUPTIONS[case]
+    # Only the newest snapshot is damaged so the error is the one a resume would hit.
+    newest = store.latest_snapshot(chat.id)
+    _corrupt(store, sql + (" WHERE snapshot_id = " if "snapshot_data" in sql else " WHERE id = ") + str(newest.id))
+    with pytest.raises(error) as err:
+        store.resume(chat.uid, expected_fingerprint=FINGERPRINT)
+    msg = str(err.value)
+    assert words in msg and "\n" not in msg
+    assert chat.uid[:8] in msg and "--rebuild-state" in msg and "replaying the transcript" in msg
+    replay(store, chat.id)
+    r = store.resume(chat.uid, expected_fingerprint=FINGERPRINT)
+    assert r.state == fake_state(r.head.stream_hash, 8192)
+
+
+def test_loading_with_another_models_fingerprint_fails(store: SessionStore, chat) -> None:
+    with pytest.raises(StateModelMismatch, match="fingerprint fp-tiny-0001"):
+        store.resume(chat.id, expected_fingerprint="fp-3b-9999")
+
+
+def test_storing_a_state_for_the_wrong_transcript_is_refused(store: SessionStore, chat) -> None:
+    head = store.get_turn(store.get_session(chat.id).head_turn_id)
+    with pytest.raises(StateTranscriptMismatch, match="folded 3 tokens"):
+        store.put_snapshot(head.id, b"x", StateMeta(model_fingerprint=FINGERPRINT, n_tokens=3))
+    with pytest.raises(StateTranscriptMismatch, match="hash"):
+        store.put_snapshot(head.id, b"x", meta(stream_hash=GENESIS_HASH))
+    s = store.begin_turn(chat.id, role="user", content="x", token_ids=[1])
+    a = store.begin_turn(chat.id, role="assistant")
+    with pytest.raises(StateError, match="still streaming"):
+        store.put_snapshot(a.id, b"x", meta())
+    assert s.status == "complete"
+
+
+def test_deep_verify_catches_a_tampered_token_blob(store: SessionStore, chat) -> None:
+    assert store.verify_branch(chat.id) == 9
+    store.resume(chat.id, expected_fingerprint=FINGERPRINT)  # shallow check cannot see it...
+    turn_id = store.branch(chat.id)[3].id
+    _corrupt(store, f"UPDATE turns SET token_ids = X'01000000' WHERE id = {turn_id}")
+    with pytest.raises(StateTranscriptMismatch) as err:  # ...the deep one does
+        store.verify_branch(chat.id)
+    assert err.value.turn_id == turn_id
