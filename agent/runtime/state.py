@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch import Tensor
 
 from agent.runtime.config import LaplaceConfig
@@ -130,7 +129,7 @@ class RecurrentState:
             "checksum": _checksum(gla, conv),
             "extra": json.dumps(extra or {}, sort_keys=True),
         }
-        return st_save({"gla": gla, "conv": conv}, metadata=meta)
+        return _safetensors_bytes({"conv": conv, "gla": gla}, meta)
 
     @classmethod
     def from_bytes(
@@ -182,6 +181,21 @@ def read_state_metadata(data: bytes) -> dict[str, str]:
             f"state format version {meta.get('format_version')} is not supported (expected {STATE_FORMAT_VERSION}); replay the transcript"
         )
     return {str(k): str(v) for k, v in meta.items()}
+
+
+def _safetensors_bytes(tensors: dict[str, Tensor], meta: dict[str, str]) -> bytes:
+    """The safetensors layout, written with sorted keys so equal states give equal bytes
+    (the library's own writer orders metadata arbitrarily)."""
+    header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}
+    offset, payload = 0, []
+    for name in sorted(tensors):
+        raw = tensors[name].numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
+        payload.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # align the payload to 8 bytes, as the format allows
+    return len(head).to_bytes(8, "little") + head + b"".join(payload)
 
 
 def _checksum(gla: Tensor, conv: Tensor) -> str:

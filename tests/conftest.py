@@ -1,0 +1,14 @@
+"""Shared fixtures: every test gets a private LAPLACE_HOME; tiny models are built in code."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _laplace_home(tmp_path, monkeypatch):
+    home = tmp_path / "laplace-home"
+    monkeypatch.setenv("LAPLACE_HOME", str(home))
+    monkeypatch.delenv("LAPLACE_DEVICE", raising=False)
+    monkeypatch.delenv("LAPLACE_DTYPE", raising=False)
+    return home

@@ -1,0 +1,122 @@
+"""State bytes and model directories: round trips, and clear errors for every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from agent.runtime.checkpoint import ModelLoadError, load_model, load_model_dir, save_model_dir
+from agent.runtime.config import PRESETS
+from agent.runtime.state import RecurrentState, StateCorruptError, StateModelMismatchError, read_state_metadata
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("tiny")
+
+
+@pytest.fixture
+def blob(loaded):
+    _, state = loaded.model(torch.randint(0, 200, (1, 30)))
+    return state.to_bytes(fingerprint=loaded.fingerprint, extra={"stream_hash": "abc"})
+
+
+def test_round_trip_keeps_tensors_and_metadata(loaded, blob):
+    state = RecurrentState.from_bytes(blob, config=loaded.config, fingerprint=loaded.fingerprint)
+    assert state.n_tokens == 30
+    meta = read_state_metadata(blob)
+    assert meta["fingerprint"] == loaded.fingerprint and json.loads(meta["extra"]) == {"stream_hash": "abc"}
+    assert meta["dtype"] == "float32" and meta["format_version"] == "1"
+    assert state.to_bytes(fingerprint=loaded.fingerprint, extra={"stream_hash": "abc"}) == blob
+
+
+def test_flipped_byte_in_payload_fails_checksum(loaded, blob):
+    bad = bytearray(blob)
+    bad[-100] ^= 0x01
+    with pytest.raises(StateCorruptError, match="checksum"):
+        RecurrentState.from_bytes(bytes(bad), fingerprint=loaded.fingerprint)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 200, -1], ids=["empty", "in-length", "in-header", "last-byte"])
+def test_truncated_bytes_are_corrupt(blob, cut):
+    with pytest.raises(StateCorruptError, match="replay the transcript"):
+        RecurrentState.from_bytes(blob[:cut])
+
+
+def test_not_a_state(tmp_path):
+    path = tmp_path / "x.safetensors"
+    save_file({"gla": torch.zeros(1)}, str(path))
+    with pytest.raises(StateCorruptError, match="not a laplace state"):
+        RecurrentState.from_bytes(path.read_bytes())
+
+
+def test_other_model_is_refused(loaded, blob):
+    other = load_model("tiny", seed=1)
+    assert other.fingerprint != loaded.fingerprint
+    with pytest.raises(StateModelMismatchError, match="written by model"):
+        RecurrentState.from_bytes(blob, fingerprint=other.fingerprint)
+    with pytest.raises(StateModelMismatchError, match="does not fit"):
+        RecurrentState.from_bytes(blob, config=PRESETS["laplace-small"])
+
+
+def test_model_dir_round_trip_and_fingerprint(loaded, tmp_path):
+    save_model_dir(loaded, tmp_path / "m", card={"name": "t"})
+    again = load_model_dir(tmp_path / "m")
+    assert again.fingerprint == loaded.fingerprint
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(again.model(ids)[0], loaded.model(ids)[0])
+    assert load_model(str(tmp_path / "m")).card == {"name": "t"}
+
+
+def _break(tmp_path, loaded, how):
+    d = save_model_dir(loaded, tmp_path / "m")
+    st = load_file(str(d / "model.safetensors"))
+    if how == "missing-file":
+        (d / "tokenizer.json").unlink()
+    elif how == "missing-tensor":
+        st.pop("norm.weight")
+        save_file(st, str(d / "model.safetensors"))
+    elif how == "extra-tensor":
+        st["bogus"] = torch.zeros(2)
+        save_file(st, str(d / "model.safetensors"))
+    elif how == "mis-shaped":
+        st["embed.weight"] = torch.zeros(3, 3)
+        save_file(st, str(d / "model.safetensors"))
+    elif how == "truncated-weights":
+        raw = (d / "model.safetensors").read_bytes()
+        (d / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    elif how == "bad-config":
+        (d / "config.json").write_text("{not json")
+    elif how == "future-version":
+        meta = json.loads((d / "config.json").read_text())
+        meta["format_version"] = 99
+        (d / "config.json").write_text(json.dumps(meta))
+    return d
+
+
+@pytest.mark.parametrize(
+    "how,match",
+    [
+        ("missing-file", "missing tokenizer.json"),
+        ("missing-tensor", "missing tensors"),
+        ("extra-tensor", "unexpected tensors"),
+        ("mis-shaped", "mis-shaped embed.weight"),
+        ("truncated-weights", "unreadable"),
+        ("bad-config", "not valid JSON"),
+        ("future-version", "upgrade laplace"),
+    ],
+)
+def test_broken_model_dirs_fail_clearly(loaded, tmp_path, how, match):
+    d = _break(tmp_path, loaded, how)
+    with pytest.raises(ModelLoadError, match=match):
+        load_model_dir(d)
+
+
+def test_unknown_model_name_lists_known(tmp_path):
+    with pytest.raises(ModelLoadError, match="tiny"):
+        load_model("no-such-model", models_dir=tmp_path)
+    with pytest.raises(ModelLoadError, match="has no weights"):
+        load_model("laplace-3b")
