@@ -1,0 +1,99 @@
+"""`TrainConfig`: everything one fine-tuning run needs, validated up front.
+
+The same dataclass is filled by `laplace finetune` (Typer) and by `python -m agent.train`
+(argparse, for torchrun), so both entry points validate identically and a bad value is
+reported before any data is read or a model loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from agent.train.optim import SCHEDULES
+
+TUNE_CHOICES = ("all", "state")
+OPTIMIZER_CHOICES = ("muon", "adamw")
+LR_RANGE = (1e-7, 1.0)
+
+
+class TrainConfigError(ValueError):
+    """An invalid combination of options; the message says which and why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    data: tuple[str, ...]
+    out: str
+    base: str = "tiny"
+    steps: int | None = None
+    tokens: int | None = None
+    seq_len: int | None = None  # default: 16 chunks (2,048 tokens at chunk 128)
+    batch_tokens: int | None = None  # default: 4 rows of seq_len
+    micro_batch: int | None = None  # rows per forward/backward; default: the whole step
+    lr: float = 3e-4  # serves both optimizers (Muon uses the match-AdamW-RMS scaling)
+    muon_lr: float | None = None
+    adamw_lr: float | None = None
+    muon_adjust: str = "match_rms_adamw"
+    weight_decay: float = 0.0
+    schedule: str = "wsd"
+    warmup: int | None = None  # default: 5% of steps, at most 100
+    decay_fraction: float = 0.2
+    clip: float = 1.0
+    optimizer: str = "muon"
+    tune: str = "all"
+    eval: tuple[str, ...] = ()
+    eval_every: int | None = None  # default: 10 evals per run
+    eval_rows: int = 64
+    resume: str | None = None
+    save_every: int | None = None  # default: at the end only
+    stop_after: int | None = None  # stop (with a checkpoint) after this step, as if preempted
+    on_bad: str = "skip"
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    distributed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise TrainConfigError("give at least one data file or folder")
+        if (self.steps is None) == (self.tokens is None):
+            raise TrainConfigError("give exactly one of --steps or --tokens")
+        for name in ("steps", "tokens", "seq_len", "batch_tokens", "micro_batch", "eval_every", "save_every", "stop_after", "warmup"):
+            value = getattr(self, name)
+            if value is not None and (value <= 0 if name != "warmup" else value < 0):
+                raise TrainConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        for name in ("lr", "muon_lr", "adamw_lr"):
+            value = getattr(self, name)
+            if value is not None and not LR_RANGE[0] <= value <= LR_RANGE[1]:
+                raise TrainConfigError(f"--{name.replace('_', '-')} {value} is out of range; use a learning rate in [{LR_RANGE[0]:g}, {LR_RANGE[1]:g}] (typical: 1e-4 to 3e-3)")
+        if not 0 <= self.weight_decay < 1:
+            raise TrainConfigError(f"--weight-decay must be in [0, 1), got {self.weight_decay}")
+        if self.clip < 0:
+            raise TrainConfigError(f"--clip must be >= 0 (0 disables clipping), got {self.clip}")
+        if not 0 < self.decay_fraction <= 1:
+            raise TrainConfigError(f"--decay-fraction must be in (0, 1], got {self.decay_fraction}")
+        choices = {"schedule": SCHEDULES, "tune": TUNE_CHOICES, "optimizer": OPTIMIZER_CHOICES, "on_bad": ("skip", "error"),
+                   "muon_adjust": ("match_rms_adamw", "original", "none"), "dtype": ("float32", "fp32", "bfloat16", "bf16")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise TrainConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.tune == "state" and self.distributed:
+            raise TrainConfigError("--tune state trains one small tensor; run it in a single process (without --distributed)")
+
+    @property
+    def muon_base_lr(self) -> float:
+        return self.muon_lr if self.muon_lr is not None else self.lr
+
+    @property
+    def adamw_base_lr(self) -> float:
+        return self.adamw_lr if self.adamw_lr is not None else self.lr
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["data"], d["eval"] = list(self.data), list(self.eval)
+        return d
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

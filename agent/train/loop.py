@@ -1,0 +1,302 @@
+"""The training loop: chunked GLA through `model.forward` with autograd, Muon + AdamW,
+warmup + WSD/cosine, clipping, evaluation, checkpoints, exact resume; one process or
+FSDP2 under torchrun.
+
+Callbacks keep this module free of UI and database code: `on_log(str)` for messages,
+`on_step(metrics)` after every step (the CLI draws its progress bar from it), and
+`on_finished(summary)` once at the end (the CLI records the run in the database).
+Only rank 0 calls them and writes files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, save_model_dir
+from agent.runtime.device import has_fast_bf16, parse_dtype, resolve_device
+from agent.runtime.model import build_model
+from agent.train import checkpoint as ckpt
+from agent.train.config import TrainConfig, TrainConfigError
+from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
+from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
+from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
+from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        base: LoadedModel | None = None,
+        models_dir: Path | None = None,
+        on_log: Callable[[str], None] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_finished: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.models_dir = models_dir
+        self._base = base
+        self._on_log, self._on_step, self._on_finished = on_log, on_step, on_finished
+        self.out = Path(cfg.out)
+        self.comm_log: list[dict[str, int]] = []
+        self.history: list[dict[str, Any]] = []
+
+    def log(self, msg: str) -> None:
+        if self.info.is_main and self._on_log:
+            self._on_log(msg)
+
+    # ---- setup --------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = parse_dtype(cfg.dtype)
+        if self.dtype != torch.float32 and not has_fast_bf16(self.device):
+            raise TrainConfigError(f"--dtype {cfg.dtype} is only fast on GPU/Trainium; on {self.device.type} train in float32")
+        self.info = init_distributed(self.device) if cfg.distributed else DistInfo()
+        if self.info.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.info.rank % torch.cuda.device_count())
+        base = self._base or load_model(cfg.base, device="cpu", models_dir=self.models_dir)
+        self.base = base
+        self.base_fingerprint = base.fingerprint
+        c = base.config
+        self.seq_len = cfg.seq_len or 16 * c.chunk_size
+        if self.seq_len % c.chunk_size:
+            raise TrainConfigError(f"--seq-len {self.seq_len} must be a multiple of the model's chunk size {c.chunk_size}")
+        batch_tokens = cfg.batch_tokens or 4 * self.seq_len
+        if batch_tokens % self.seq_len:
+            raise TrainConfigError(f"--batch-tokens {batch_tokens} must be a multiple of --seq-len {self.seq_len}")
+        self.rows_per_step = batch_tokens // self.seq_len
+        if self.rows_per_step % self.info.world:
+            raise TrainConfigError(f"{self.rows_per_step} sequences per step do not split over {self.info.world} ranks")
+        self.micro = cfg.micro_batch or self.rows_per_step // self.info.world
+        self.total_steps = cfg.steps or math.ceil(cfg.tokens / batch_tokens)  # type: ignore[operator]
+        self.warmup = cfg.warmup if cfg.warmup is not None else min(100, self.total_steps // 20)
+        self.eval_every = cfg.eval_every or max(1, self.total_steps // 10)
+
+        docs, report = load_documents(list(cfg.data), base.tokenizer, base.template, on_bad=cfg.on_bad)
+        for bad in report.bad[:20]:
+            self.log(f"skipped bad record {bad}")
+        if len(report.bad) > 20:
+            self.log(f"... and {len(report.bad) - 20} more bad records")
+        self.data_report = report
+        pad = pad_token(base.tokenizer)
+        self.data = pack(docs, self.seq_len, pad)
+        self.data_digest = hashlib.sha256(self.data.tokens.numpy().tobytes()).hexdigest()
+        self.eval_data: PackedData | None = None
+        if cfg.eval:
+            eval_docs, _ = load_documents(list(cfg.eval), base.tokenizer, base.template, on_bad=cfg.on_bad)
+            self.eval_data = pack(eval_docs, self.seq_len, pad)
+        self.log(f"data: {report.summary()} -> {len(self.data)} sequences of {self.seq_len}")
+
+        self.resume_doc: dict[str, Any] | None = None
+        if cfg.resume:
+            self.resume_doc = ckpt.read_trainer_state(cfg.resume)
+            ckpt.check_same_base(self.resume_doc, resume=cfg.resume, config=c.to_dict(), fingerprint=self.base_fingerprint, name=base.name, tune=cfg.tune)
+            if self.resume_doc.get("data_digest") != self.data_digest:
+                self.log("warning: the data differs from the checkpointed run; the continuation will not match it exactly")
+        elif (self.out / ckpt.TRAINER_DIR / ckpt.STATE_FILE).exists():
+            raise TrainConfigError(f"{self.out} already holds a finetune run; pass --resume {self.out} to continue it, or choose another --out")
+        self._build_model()
+
+    def _build_model(self) -> None:
+        cfg = self.cfg
+        if cfg.tune == "all":
+            if self.resume_doc is not None:
+                model = load_model_dir(cfg.resume, device="cpu").model  # type: ignore[arg-type]
+            else:
+                # A private fp32 copy: the caller's base model stays untouched.
+                model = build_model(self.base.config, device="meta")
+                weights = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.base.model.state_dict().items()}
+                model.load_state_dict(weights, strict=True, assign=True)
+            model = model.to(self.device).train()
+            self.initial: InitialState | None = None
+            if self.info.enabled:
+                model = shard_model(model, self.info)
+            trainable: nn.Module = model
+            split = split_parameters(model, use_muon=cfg.optimizer == "muon")
+            names = dict(model.named_parameters())
+        else:
+            model = self.base.model.to(self.device).eval()
+            model.requires_grad_(False)
+            start = model.new_state(1)
+            if self.resume_doc is not None:
+                from agent.train.initial_state import load_initial_state
+
+                start = load_initial_state(Path(cfg.resume) / INITIAL_STATE_FILE, self.base, device=self.device)  # type: ignore[arg-type]
+            self.initial = InitialState(start).to(self.device)
+            trainable = self.initial
+            split = ParamSplit(muon=[], adamw=list(self.initial.named_parameters()))
+            names = dict(self.initial.named_parameters())
+        self.model, self.split = model, split
+        self.param_names = {id(p): n for n, p in names.items()}
+        self.params_by_name = names
+        self.trainable = trainable
+        self.opts = build_optimizers(
+            split, muon_lr=cfg.muon_base_lr, adamw_lr=cfg.adamw_base_lr, weight_decay=cfg.weight_decay,
+            muon_adjust=cfg.muon_adjust, device=self.device, process_group=self.info.group, comm_log=self.comm_log,
+        )
+        self.start_step, self.tokens_seen = 0, 0
+        if self.resume_doc is not None:
+            ckpt.load_optimizer_state(self.opts, ckpt.read_optimizer_file(cfg.resume), names)  # type: ignore[arg-type]
+            self.start_step = int(self.resume_doc["step"])
+            self.tokens_seen = int(self.resume_doc["tokens"])
+            self.log(f"resumed {cfg.resume} at step {self.start_step} ({self.tokens_seen:,} tokens); learning rates from this command line")
+        self.log(split.describe())
+
+    # ---- steps --------------------------------------------------------------------------
+
+    def _autocast(self) -> Any:
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        state = self.initial.expand(inputs.shape[0]) if self.initial is not None else None
+        with self._autocast():
+            logits, _ = self.model(inputs.to(self.device), state)
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.to(self.device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        factor = lr_factor(step, self.total_steps, schedule=self.cfg.schedule, warmup=self.warmup, decay_fraction=self.cfg.decay_fraction)
+        set_learning_rates(self.opts, factor)
+        rows = self.data.row_order(step, self.rows_per_step, self.cfg.seed)
+        _, all_labels = self.data.rows(rows)
+        # Normalize by the step's trained tokens over *all* ranks (known without talking:
+        # every rank holds the data); x world because FSDP2 averages gradients over ranks.
+        n_trained = int((all_labels != IGNORE_INDEX).sum())
+        scale = self.info.world / max(1, n_trained)
+        local = rows[self.info.rank :: self.info.world]
+        loss_sum = 0.0
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        for i in range(0, len(local), self.micro):
+            inputs, labels = self.data.rows(local[i : i + self.micro])
+            loss = self._loss_sum(inputs, labels)
+            (loss * scale).backward()
+            loss_sum += float(loss.detach())
+        params = [p for p in self.trainable.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip if self.cfg.clip > 0 else float("inf"))
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        t_opt = time.perf_counter()
+        for opt in self.opts:
+            opt.step()
+        t_end = time.perf_counter()
+        (loss_total,) = all_reduce_sum([loss_sum], self.info)
+        step_tokens = self.rows_per_step * self.seq_len
+        self.tokens_seen += step_tokens
+        return {
+            "step": step + 1, "tokens": self.tokens_seen, "loss": loss_total / max(1, n_trained),
+            "lr": self.opts[0].param_groups[0]["lr"], "grad_norm": grad_norm,
+            "step_s": t_end - t0, "optimizer_s": t_end - t_opt, "tokens_per_s": step_tokens / (t_end - t0),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean loss per trained token over (at most eval_rows of) the eval data. Every rank
+        evaluates the same rows, so FSDP2's collectives stay in step."""
+        if self.eval_data is None:
+            return None
+        was_training = self.model.training
+        self.model.eval()
+        n = min(len(self.eval_data), self.cfg.eval_rows)
+        total, count = 0.0, 0
+        for i in range(0, n, self.micro):
+            inputs, labels = self.eval_data.rows(torch.arange(i, min(n, i + self.micro)))
+            total += float(self._loss_sum(inputs, labels))
+            count += int((labels != IGNORE_INDEX).sum())
+        self.model.train(was_training)
+        return total / max(1, count)
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def save(self, step: int) -> None:
+        cfg = self.cfg
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        card = {**self.base.card, "name": self.out.name, "base": self.base.name, "base_fingerprint": self.base_fingerprint,
+                "finetune_steps": step, "finetune_tokens": self.tokens_seen, "trained": True}
+        if cfg.tune == "all":
+            weights = ckpt.full_state_dict(self.model)
+            if self.info.is_main:
+                plain = build_model(self.base.config, device="meta")
+                plain.load_state_dict(weights, strict=True, assign=True)
+                save_model_dir(LoadedModel(plain, self.base.tokenizer, self.base.template, name=self.out.name), self.out, card=card)
+        elif self.info.is_main:
+            assert self.initial is not None
+            save_initial_state(self.initial.to_state(), self.out / INITIAL_STATE_FILE, fingerprint=self.base_fingerprint,
+                               extra={"base": self.base.name, "steps": str(step)})
+        meta = {"step": step, "tokens": self.tokens_seen, "tune": cfg.tune, "world": self.info.world, "data_digest": self.data_digest,
+                "base": {"name": self.base.name, "fingerprint": self.base_fingerprint, "config": self.base.config.to_dict()},
+                "train_config": cfg.to_dict()}
+        ckpt.save_trainer_state(self.out, self.info, opts=self.opts, names=self.param_names, meta=meta)
+
+    # ---- run ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        t_start = time.perf_counter()
+        self._setup()
+        cfg = self.cfg
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = self.out / METRICS_FILE
+        eval_start = self.evaluate()
+        if eval_start is not None:
+            self.log(f"eval loss before training: {eval_start:.4f}")
+        last_eval = eval_start
+        end = self.total_steps if cfg.stop_after is None else min(self.total_steps, cfg.stop_after)
+        step = self.start_step
+        for step in range(self.start_step, end):
+            m = self.train_step(step)
+            done = step + 1
+            if done % self.eval_every == 0 or done == self.total_steps:
+                last_eval = self.evaluate()
+                m["eval_loss"] = last_eval
+            self.history.append(m)
+            if self.info.is_main:
+                with metrics_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(m) + "\n")
+                if self._on_step:
+                    self._on_step({**m, "total_steps": self.total_steps})
+            if cfg.save_every and done % cfg.save_every == 0 and done != end:
+                self.save(done)
+        final_step = max(step + 1, self.start_step) if end > self.start_step else self.start_step
+        self.save(final_step)
+        summary = self._summary(final_step, eval_start, last_eval, time.perf_counter() - t_start)
+        if self.info.is_main and self._on_finished:
+            self._on_finished(summary)
+        return summary
+
+    def _summary(self, step: int, eval_start: float | None, eval_end: float | None, wall: float) -> dict[str, Any]:
+        h = self.history
+        steps_s = sum(m["step_s"] for m in h)
+        opt_s = sum(m["optimizer_s"] for m in h)
+        return {
+            "out": str(self.out), "base": self.base.name, "base_fingerprint": self.base_fingerprint, "tune": self.cfg.tune,
+            "optimizer": self.cfg.optimizer, "steps": step, "total_steps": self.total_steps, "tokens": self.tokens_seen,
+            "seq_len": self.seq_len, "rows_per_step": self.rows_per_step, "world": self.info.world,
+            "final_loss": h[-1]["loss"] if h else None, "eval_loss_start": eval_start, "eval_loss": eval_end,
+            "tokens_per_s": sum(self.rows_per_step * self.seq_len for _ in h) / steps_s if steps_s else None,
+            "optimizer_share": opt_s / steps_s if steps_s else None,
+            "muon_parameters": self.split.muon_numel, "adamw_parameters": self.split.adamw_numel,
+            "data": self.data_report.summary(), "wall_s": wall, "completed": step >= self.total_steps,
+        }
+
+
+def train(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
+    """Run one fine-tune (see `Trainer`); returns its summary."""
+    return Trainer(cfg, **kwargs).run()
