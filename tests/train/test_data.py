@@ -1,0 +1,93 @@
+"""Reading, masking, bad-record handling and packing of training data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+from agent.train.data import IGNORE_INDEX, DataError, encode_chat, load_documents, pack
+
+TOK = byte_level_tokenizer()
+TPL = ChatTemplate()
+
+
+def test_chat_loss_covers_assistant_content_and_end_token_only() -> None:
+    doc = encode_chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], TOK, TPL)
+    trained = [i for i, t in zip(doc.ids, doc.train) if t]
+    assert TOK.decode(trained, skip_special=False) == "hello<|end|>"
+    assert doc.ids[0] == TOK.token_id("<|bos|>")
+
+
+def test_session_export_drops_cancelled_replies(tmp_path: Path) -> None:
+    export = {"format": "laplace.session.v1", "session": {"uid": "x"}, "messages": [
+        {"role": "user", "content": "q1", "status": "complete"},
+        {"role": "assistant", "content": "half", "status": "cancelled"},
+        {"role": "assistant", "content": "full answer", "status": "complete"},
+    ]}
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(export, indent=2), encoding="utf-8")
+    docs, report = load_documents([p], TOK, TPL)
+    assert report.chats == 1
+    text = TOK.decode(docs[0].ids, skip_special=False)
+    assert "half" not in text and "full answer" in text
+
+
+def test_folders_texts_and_ignored_files(text_dir: Path) -> None:
+    docs, report = load_documents([text_dir], TOK, TPL)
+    assert report.files == 2 and report.documents == 2 and len(report.ignored_files) == 1
+    assert all(all(d.train) for d in docs)
+
+
+def test_bad_records_are_reported_with_file_and_line(tmp_path: Path, chat_file: Path) -> None:
+    lines = chat_file.read_text().splitlines()
+    lines.insert(2, "{not json")
+    lines.insert(4, json.dumps({"messages": [{"role": "wizard", "content": "x"}]}))
+    lines.insert(6, json.dumps({"foo": 1}))
+    chat_file.write_text("\n".join(lines), encoding="utf-8")
+    docs, report = load_documents([chat_file], TOK, TPL, on_bad="skip")
+    assert len(docs) == 30
+    assert [b.line for b in report.bad] == [3, 5, 7]
+    assert "unknown role 'wizard'" in str(report.bad[1]) and str(report.bad[0]).startswith(f"{chat_file}:3:")
+    with pytest.raises(DataError, match=rf"{chat_file.name}:3: invalid JSON"):
+        load_documents([chat_file], TOK, TPL, on_bad="error")
+
+
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda d: [], "no training data"),
+        (lambda d: [d / "missing.txt"], "no such file"),
+        (lambda d: [(d / "x.csv").write_text("a,b") and d / "x.csv"], "unknown data format"),
+        (lambda d: [(d / "e.txt").write_text("  \n") and d], "no trainable tokens"),
+        (lambda d: [(d / "u.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]})) and d / "u.jsonl"], "no trainable tokens"),
+    ],
+    ids=["nothing", "missing", "unknown-format", "empty", "no-assistant"],
+)
+def test_unusable_data_is_an_error_naming_why(tmp_path: Path, setup, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        load_documents(setup(tmp_path), TOK, TPL)
+
+
+def test_pack_shifts_labels_and_masks_padding() -> None:
+    from agent.train.data import Document
+
+    doc = Document(list(range(10)), [True] * 10)
+    data = pack([doc], seq_len=4, pad_id=99)
+    assert data.tokens.tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, 99, 99, 99]]
+    inputs, labels = data.rows(torch.arange(3))
+    assert inputs.tolist()[1] == [4, 5, 6, 7] and labels.tolist()[1] == [5, 6, 7, 8]
+    assert labels.tolist()[2] == [9, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]
+
+
+def test_row_order_is_a_function_of_step_and_covers_each_epoch() -> None:
+    from agent.train.data import Document
+
+    data = pack([Document(list(range(41)), [True] * 41)], seq_len=4, pad_id=0)  # 10 rows
+    first = torch.cat([data.row_order(s, 5, seed=3) for s in range(2)])
+    assert sorted(first.tolist()) == list(range(10))
+    assert torch.equal(data.row_order(3, 5, seed=3), data.row_order(3, 5, seed=3))
+    assert not torch.equal(data.row_order(0, 5, seed=3), data.row_order(0, 5, seed=4))
