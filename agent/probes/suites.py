@@ -1,0 +1,126 @@
+"""Suites and the budget planner.
+
+A suite is a grid: probes x fillers x distances x trials. With a budget, a short warm-up
+measures this model's speed on this machine and the planner shrinks the grid until its
+estimate fits: first fewer trials (down to a floor), then the largest distances, then the
+last probes and fillers. Everything it drops is listed with the reason. At run time a
+deadline stops any stream that would still overrun, so a run ends within its budget plus
+about one warm-up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+SUITE_NAMES = ("smoke", "quick", "standard", "full")
+MIN_TRIALS = 4
+PLAN_SAFETY = 0.85  # plan to 85% of what is left: estimates from one warm-up are rough
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    probes: tuple[str, ...]
+    fillers: tuple[str, ...]
+    distances: tuple[int, ...]
+    trials: int
+
+
+def _pow2(top: int) -> tuple[int, ...]:
+    out, d = [0], 64
+    while d <= top:
+        out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+SUITES: dict[str, Suite] = {
+    "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("noise", "grammar"), (0, 64, 256), 4),
+    "quick": Suite("quick", ("passkey", "multikey-4", "multikey-16", "update", "order"), ("noise", "grammar", "chat", "logs"),
+                   _pow2(1024), 8),
+    "standard": Suite("standard", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
+                      ("noise", "grammar", "chat", "logs"), _pow2(8192), 16),
+    "full": Suite("full", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
+                  ("noise", "grammar", "chat", "logs"), _pow2(65536), 32),
+}
+
+
+def get_suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(SUITE_NAMES)}") from None
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Measured by the warm-up: seconds per filler token and per question asked."""
+
+    s_per_token: float
+    s_per_ask: float
+    warmup_s: float
+
+
+@dataclass
+class Plan:
+    suite: Suite
+    budget_s: float | None
+    estimated_s: float | None = None
+    skipped: list[dict] = field(default_factory=list)
+
+
+PLANT_TOKENS = 80  # a typical prefix + plant + question length, for estimates only
+
+
+def estimate(suite: Suite, speed: Speed) -> float:
+    """Seconds for the sweep plus the state metrics (ledger, trace, resume)."""
+    top = max(suite.distances)
+    per_stream = (PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask
+    streams = len(suite.probes) * len(suite.fillers) * suite.trials
+    trace = 2 * (PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask
+    return streams * per_stream + trace + 2 * speed.s_per_ask
+
+
+def plan_suite(suite: Suite, budget_s: float | None, speed: Speed | None) -> Plan:
+    """Shrink `suite` until its estimate fits what is left of the budget after the warm-up."""
+    if budget_s is None or speed is None:
+        return Plan(suite, budget_s)
+    avail = max(0.0, (budget_s - speed.warmup_s) * PLAN_SAFETY)
+    skipped: list[dict] = []
+    s = suite
+    while estimate(s, speed) > avail:
+        if s.trials > MIN_TRIALS:
+            new = max(MIN_TRIALS, s.trials // 2)
+            skipped.append({"probe": "*", "filler": "*", "distance": "*", "what": f"trials {new + 1}..{s.trials}",
+                            "reason": "budget: fewer trials per cell"})
+            s = replace(s, trials=new)
+        elif len(s.distances) > 2:
+            skipped.append({"probe": "*", "filler": "*", "distance": s.distances[-1], "what": "distance",
+                            "reason": "budget: largest distance dropped"})
+            s = replace(s, distances=s.distances[:-1])
+        elif len(s.probes) > 1:
+            skipped.append({"probe": s.probes[-1], "filler": "*", "distance": "*", "what": "probe",
+                            "reason": "budget: probe dropped"})
+            s = replace(s, probes=s.probes[:-1])
+        elif len(s.fillers) > 1:
+            skipped.append({"probe": "*", "filler": s.fillers[-1], "distance": "*", "what": "filler",
+                            "reason": "budget: filler dropped"})
+            s = replace(s, fillers=s.fillers[:-1])
+        else:
+            skipped.append({"probe": "*", "filler": "*", "distance": "*", "what": "minimum grid",
+                            "reason": "budget: even the smallest grid is estimated over budget; the deadline cuts it"})
+            break
+    return Plan(s, budget_s, round(estimate(s, speed), 3), skipped)
+
+
+class Deadline:
+    """Wall-clock limit checked between questions; `None` budget never expires."""
+
+    def __init__(self, budget_s: float | None, start: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.at = None if budget_s is None else start + budget_s
+        self.clock = clock
+
+    def passed(self) -> bool:
+        return self.at is not None and self.clock() >= self.at

@@ -1,0 +1,140 @@
+"""Behavioural probes: what is planted, what is asked, and which answers compete.
+
+Every probe plants "the code for the {key} is {value}" facts and ends its question with the
+cue "the code for the {key} is", so the answer is the value's continuation in both prompt
+styles: `completion` (plain text, for base models) and `chat` (messages in the model's own
+chat template, for chat models). Distractors have the answer's exact token length, so
+summed log-probabilities compare fairly in the forced choice.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agent.runtime.tokenizer import ChatTemplate, Tokenizer
+
+from agent.probes import text
+
+PROBE_KINDS = ("passkey", "multikey", "update", "order")
+STYLES = ("completion", "chat")
+N_CANDIDATES = 20
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One planted fact (or set of facts) and its question, as token ids."""
+
+    probe: str
+    prefix: list[int]  # before the plant: BOS, and for `order` the question asked first
+    plant: list[int]
+    question: list[int]  # ends with the cue; the answer's tokens follow it
+    key: str
+    answer: str
+    value_kind: str
+    stale: str | None = None  # `update`: the superseded value
+
+
+def parse_probe(name: str) -> tuple[str, int]:
+    """'passkey' -> ('passkey', 1); 'multikey-16' -> ('multikey', 16)."""
+    kind, _, n = name.partition("-")
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"unknown probe {name!r}; expected one of passkey, multikey-N, update, order")
+    if kind == "multikey":
+        if not n.isdigit() or int(n) < 2:
+            raise ValueError(f"multikey needs a count of at least 2, like multikey-16 (got {name!r})")
+        return kind, int(n)
+    if n:
+        raise ValueError(f"probe {kind} takes no count (got {name!r})")
+    return kind, 1
+
+
+def _fact(key: str, value: str) -> str:
+    return f"The code for the {key} is {value}."
+
+
+class PromptBuilder:
+    """Renders facts and questions in one prompt style for one tokenizer and template."""
+
+    def __init__(self, tok: Tokenizer, template: ChatTemplate, style: str) -> None:
+        if style not in STYLES:
+            raise ValueError(f"unknown prompt style {style!r}; expected completion or chat")
+        self.tok, self.template, self.style = tok, template, style
+        try:
+            self.bos = [tok.token_id(template.bos_token)]
+        except KeyError:  # a tokenizer without a BOS token: start the stream bare
+            self.bos = []
+
+    def statement(self, body: str) -> list[int]:
+        if self.style == "chat":
+            return self.template.message(self.tok, "user", body) + self.template.message(self.tok, "assistant", "Noted.")
+        return self.tok.encode(body + "\n")
+
+    def question(self, key: str) -> list[int]:
+        if self.style == "chat":
+            return (self.template.message(self.tok, "user", f"What is the code for the {key}?")
+                    + self.template.reply_prefix(self.tok) + self.tok.encode(f"The code for the {key} is"))
+        return self.tok.encode(f"\nQuestion: what is the code for the {key}?\nAnswer: the code for the {key} is")
+
+    def ask_first(self, key: str) -> list[int]:
+        return self.statement(f"Later I will ask for the code for the {key}; watch for it.")
+
+    def answer_ids(self, value: str) -> list[int]:
+        return self.tok.encode(" " + value)
+
+
+def build_sample(probe: str, rng: random.Random, prompts: PromptBuilder, trial: int) -> Sample:
+    """The sample of `probe` for one trial, drawn from `rng` (the stream's seed)."""
+    kind, n = parse_probe(probe)
+    if kind in ("passkey", "order"):
+        vkind = text.VALUE_KINDS[trial % len(text.VALUE_KINDS)]
+        key, value = text.make_key(rng), text.make_value(rng, vkind)
+        prefix = prompts.bos + (prompts.ask_first(key) if kind == "order" else [])
+        return Sample(probe, prefix, prompts.statement(_fact(key, value)), prompts.question(key), key, value, vkind)
+    if kind == "multikey":
+        keys = text.distinct_keys(rng, n)
+        values = [text.make_value(rng, "digits") for _ in keys]
+        i = rng.randrange(n)
+        body = " ".join(_fact(k, v) for k, v in zip(keys, values))
+        return Sample(probe, list(prompts.bos), prompts.statement(body), prompts.question(keys[i]), keys[i], values[i], "digits")
+    key = text.make_key(rng)
+    old = text.make_value(rng, "digits")
+    new = old
+    while new == old:
+        new = text.make_value(rng, "digits")
+    plant = (prompts.statement(_fact(key, old)) + prompts.tok.encode(f"{text.sentence(rng)} {text.sentence(rng)}\n")
+             + prompts.statement(f"Update: the code for the {key} is now {new}."))
+    return Sample(probe, list(prompts.bos), plant, prompts.question(key), key, new, "digits", stale=old)
+
+
+def candidates(sample: Sample, rng: random.Random, prompts: PromptBuilder, n: int = N_CANDIDATES) -> list[str]:
+    """`n` values of the answer's token length: the answer, the stale value (update) and
+    seeded distractors of the same kind, in a seeded order. Fewer when a tokenizer makes
+    same-length distractors rare (the chance level follows the real count)."""
+    want = len(prompts.answer_ids(sample.answer))
+    out = [sample.answer] + ([sample.stale] if sample.stale else [])
+    seen = set(out)
+    for _ in range(200 * n):
+        if len(out) >= n:
+            break
+        v = text.make_value(rng, sample.value_kind)
+        if v not in seen and len(prompts.answer_ids(v)) == want:
+            seen.add(v)
+            out.append(v)
+    rng.shuffle(out)
+    return out
+
+
+def shaped_candidates(answer: str, rng: random.Random, prompts: PromptBuilder, n: int = N_CANDIDATES) -> list[str]:
+    """Distractors for a user's own expected answer: same shape and token length."""
+    want = len(prompts.answer_ids(answer))
+    out, seen = [answer], {answer}
+    for _ in range(200 * n):
+        if len(out) >= n:
+            break
+        v = text.same_shape(rng, answer)
+        if v not in seen and len(prompts.answer_ids(v)) == want:
+            seen.add(v)
+            out.append(v)
+    rng.shuffle(out)
+    return out
