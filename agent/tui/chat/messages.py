@@ -1,0 +1,172 @@
+"""Message widgets: a cheap one for finished turns and a streaming one for the reply in flight.
+
+A finished turn is one focusable `Static` holding a Rich renderable (Rich Markdown for
+replies, plain text otherwise), so hundreds of them cost little. Only the reply being
+generated uses Textual's `Markdown` widget (one child widget per block), fed by
+`ReplyStream`, which coalesces tokens the way Textual's `MarkdownStream` does but also
+records how long each token waited before it reached the document (the TUI benchmark's
+frame-latency number).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from rich.console import Group, RenderableType
+from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+
+from agent.chat_types import TurnView
+
+# Rendering a megabyte of text into the transcript would stall layout; the full content is
+# still stored, exported and copied (copy works on the turn, not on what is displayed).
+DISPLAY_LIMIT = 20_000
+
+_FENCE_RE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+ROLE_LABELS = {"user": "you", "assistant": "laplace", "system": "system", "document": "document"}
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The contents of the fenced code blocks in `markdown`, in order (an unclosed fence at
+    the end of a cancelled reply counts as a block)."""
+    blocks = [m.group(2) for m in _FENCE_RE.finditer(markdown)]
+    closed_end = max((m.end() for m in _FENCE_RE.finditer(markdown)), default=0)
+    tail = re.search(r"^(`{3,}|~{3,})[^\n]*\n(.*)\Z", markdown[closed_end:], re.MULTILINE | re.DOTALL)
+    if tail:
+        blocks.append(tail.group(2))
+    return blocks
+
+
+def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: int = 1) -> Text:
+    """The one-line header over a message: role, branch position, unusual status."""
+    text = Text(ROLE_LABELS.get(role, role), style="bold")
+    if sibling_count > 1:
+        text.append(f"  {sibling_index + 1}/{sibling_count}", style="dim")
+    if status == "streaming":
+        text.append("  generating…", style="italic dim")
+    elif status != "complete":
+        text.append(f"  [{status}]", style="bold red" if status == "error" else "bold yellow")
+    return text
+
+
+def message_body(turn: TurnView) -> RenderableType:
+    content = turn.content
+    note: Text | None = None
+    if len(content) > DISPLAY_LIMIT:
+        hidden = len(content) - DISPLAY_LIMIT
+        content = content[:DISPLAY_LIMIT]
+        note = Text(f"… {hidden:,} more characters not shown (copy or export for the full text)",
+                    style="italic dim")
+    body: RenderableType
+    if turn.role == "assistant":
+        body = RichMarkdown(content, code_theme="monokai")
+    else:
+        body = Text(content)
+    return Group(body, note) if note is not None else body
+
+
+class MessageWidget(Static, can_focus=True):
+    """One finished turn. Focus it (click, tab, up/down) to copy it or its code blocks."""
+
+    BINDINGS = [
+        Binding("up", "neighbour(-1)", "Previous message", show=False, id="message_prev"),
+        Binding("down", "neighbour(1)", "Next message", show=False, id="message_next"),
+    ]
+
+    def __init__(self, turn: TurnView) -> None:
+        super().__init__(classes=f"message role-{turn.role} status-{turn.status}")
+        self.turn = turn
+
+    @property
+    def turn_id(self) -> int:
+        return self.turn.id
+
+    def on_mount(self) -> None:
+        t = self.turn
+        self.update(Group(header_text(t.role, t.status, t.sibling_index, t.sibling_count), message_body(t)))
+
+    def action_neighbour(self, step: int) -> None:
+        siblings = [w for w in self.parent.children if isinstance(w, MessageWidget)] if self.parent else []
+        i = siblings.index(self) + step
+        if 0 <= i < len(siblings):
+            siblings[i].focus()
+            siblings[i].scroll_visible(animate=False)
+
+
+class ReplyStream:
+    """Feeds tokens to a Markdown widget, batching whatever arrived while the last append
+    was being laid out. `latencies` receives, per token, seconds from `posted_at` to the
+    append that carried it having finished."""
+
+    def __init__(self, markdown: Markdown, latencies: list[float] | None = None) -> None:
+        self.markdown = markdown
+        self.latencies = latencies
+        self.text = ""
+        self._pending: list[str] = []
+        self._stamps: list[float] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    def write(self, fragment: str, posted_at: float | None = None) -> None:
+        if not fragment:
+            return
+        self.text += fragment
+        self._pending.append(fragment)
+        if posted_at is not None:
+            self._stamps.append(posted_at)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            chunk, stamps = "".join(self._pending), self._stamps
+            self._pending, self._stamps = [], []
+            await self.markdown.append(chunk)
+            if self.latencies is not None and stamps:
+                done = time.perf_counter()
+                self.latencies.extend(done - s for s in stamps)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+class StreamingMessage(Vertical):
+    """The reply being generated: a header and a growing Markdown document."""
+
+    def __init__(self, turn_id: int, latencies: list[float] | None = None) -> None:
+        super().__init__(classes="message role-assistant status-streaming")
+        self.turn_id = turn_id
+        # Built here, not in compose, so tokens written before mount are queued, not lost.
+        self._markdown = Markdown(classes="reply-markdown")
+        self.stream = ReplyStream(self._markdown, latencies)
+
+    def compose(self) -> ComposeResult:
+        yield Static(header_text("assistant", "streaming"), classes="message-header")
+        yield self._markdown
+
+    def on_mount(self) -> None:
+        self.stream.start()
+
+    def write(self, fragment: str, posted_at: float | None = None) -> None:
+        self.stream.write(fragment, posted_at)
+
+    @property
+    def text(self) -> str:
+        return self.stream.text
+
+    def on_unmount(self) -> None:
+        self.stream.stop()

@@ -1,0 +1,57 @@
+"""The app factory: the one way to build the TUI (the CLI, tests and the benchmark use it).
+
+The CLI launches it like this::
+
+    service = ChatService(...)                      # owned and closed by the caller
+    try:
+        service.resume(prefix)                      # or new_session(...)
+        error = None
+    except StateUnusableError as e:
+        error = e                                   # the app offers a rebuild
+    keys = tomllib.loads(path.read_text()).get("keys", {}) if path.exists() else None
+    create_app(service, keymap=keys, startup_error=error).run()
+    service.close()
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from agent.chat_types import ChatServiceProtocol, StateUnusableError
+
+from .app import LaplaceApp
+from .chat.messages import MessageWidget
+from .dialogs import ConfirmScreen
+from .keymap import binding_ids, validate_keymap
+from .prompt import PromptArea
+from .sessions_panel import SessionsScreen
+
+
+def known_binding_ids() -> list[str]:
+    """Every id a keymap may name."""
+    groups = [LaplaceApp.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
+              MessageWidget.BINDINGS, ConfirmScreen.BINDINGS]
+    return list(binding_ids(groups))
+
+
+def create_app(
+    service: ChatServiceProtocol,
+    *,
+    keymap: Mapping[str, object] | None = None,
+    startup_error: StateUnusableError | None = None,
+    page_size: int = 50,
+    max_turn_widgets: int = 150,
+    latencies: list[float] | None = None,
+) -> LaplaceApp:
+    """Build the TUI for `service`.
+
+    keymap: `{binding_id: "key[,key]"}` (e.g. the `[keys]` table of a TOML file); unknown
+        ids raise ValueError naming the known ones.
+    startup_error: the `StateUnusableError` that `service.resume` raised; the app then asks
+        whether to rebuild the state by replaying the transcript (or quit).
+    page_size / max_turn_widgets: turns fetched per page and the bound on turn widgets.
+    latencies: if given, receives per-token seconds from event to document (benchmark).
+    """
+    clean = validate_keymap(keymap, known_binding_ids())
+    return LaplaceApp(service, keymap=clean, startup_error=startup_error, page_size=page_size,
+                      max_turn_widgets=max_turn_widgets, latencies=latencies)
