@@ -75,5 +75,31 @@ def info(
     typer.echo("\n".join(lines))
 
 
+@app.command()
+def bench(
+    names: Optional[list[str]] = typer.Argument(None, help="Benchmarks to run (default: all). See --list."),
+    quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
+    out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
+    list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
+) -> None:
+    """Benchmarks that back our performance claims, each against a baseline in the same run."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from agent.bench import registry
+    from agent.bench.report import run_benches
+
+    benches = registry()
+    if list_:
+        typer.echo("\n".join(benches))
+        return
+    chosen = names or list(benches)
+    unknown = [n for n in chosen if n not in benches]
+    if unknown:
+        raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
+    run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()

@@ -93,6 +93,8 @@ def save_model_dir(loaded: LoadedModel, path: str | Path, *, card: dict[str, Any
 
 def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
     """(config, card) of a model directory, without touching the weights."""
+    if not Path(path).is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
     cfg_path = Path(path) / "config.json"
     try:
         meta = json.loads(cfg_path.read_text(encoding="utf-8"))

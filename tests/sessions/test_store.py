@@ -163,7 +163,8 @@ def test_delete_removes_rows_text_and_snapshots(store: SessionStore, db_path) ->
     keep = new_session(store)
     converse(store, keep.id, "keep me")
     gone = new_session(store)
-    converse(store, gone.id, "zebrafishsecret", size=200_000)
+    # long enough to live in overflow pages, which only full secure_delete zeroes
+    converse(store, gone.id, "zebrafishsecret " * 600, size=200_000)
     store.delete_session(gone.uid)
     with pytest.raises(SessionNotFound):
         store.get_session(gone.id)
