@@ -59,7 +59,7 @@ def _run(data: Path, out: Path, **kw) -> dict:
     return dict(data=[str(data)], out=str(out), steps=3, seq_len=32, batch_tokens=256, lr=3e-3, warmup=1, **kw)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_training_matches_single_process_and_resumes_exactly(tmp_path: Path, text_dir: Path, world: int) -> None:
     runs = [
         _run(text_dir, tmp_path / "whole"),
