@@ -3,8 +3,9 @@
 Private by default: the file is created 0600 before SQLite touches it (SQLite gives the
 -wal and -shm files the database file's mode), inside a 0700 directory. WAL lets readers
 run while a writer commits; `synchronous=FULL` makes a returned commit survive power loss,
-not only a killed process; `secure_delete` zeroes freed pages so deleted turns do not
-linger in the file.
+not only a killed process. `secure_delete=FAST` zeroes deleted rows where that costs no
+extra I/O (halving the commit time of a 29.5 MB state against ON, which also zeroes every
+pruned snapshot); deleting a session switches to full zeroing (see `delete_session`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA secure_delete = ON")
+        conn.execute("PRAGMA secure_delete = FAST")
     return conn
 
 

@@ -194,10 +194,17 @@ class ExtrasMixin(_Base):
         stays in it; a TRUNCATE checkpoint empties the WAL that still holds old pages.
         """
         s = self.get_session(session)
-        with self.transaction():
-            self._guard_lease(s.id)
-            self.db.execute("DELETE FROM sessions WHERE id = ?", [s.id])
-            self.db.execute("INSERT INTO turns_fts(turns_fts) VALUES ('optimize')")
+        # Full secure_delete only here: FAST (the default we run with) leaves freed overflow
+        # pages, i.e. long texts and state BLOBs, unzeroed, which is fine for retention but
+        # not for a user's explicit delete.
+        self.db.execute("PRAGMA secure_delete = ON")
+        try:
+            with self.transaction():
+                self._guard_lease(s.id)
+                self.db.execute("DELETE FROM sessions WHERE id = ?", [s.id])
+                self.db.execute("INSERT INTO turns_fts(turns_fts) VALUES ('optimize')")
+        finally:
+            self.db.execute("PRAGMA secure_delete = FAST")
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     # -- search -------------------------------------------------------------------------
