@@ -120,3 +120,11 @@ def _greedy(model: LaplaceModel, logits: Tensor, state: RecurrentState, n: int, 
         step, state = model(torch.tensor([[tok]], dtype=torch.long, device=device), state)
         logits = step[0, -1]
     return out
+
+
+@torch.inference_mode()
+def greedy_answer(model: LaplaceModel, state: RecurrentState, prompt: Sequence[int], n: int, stop_ids: Sequence[int] = ()) -> list[int]:
+    """Greedy continuation of `prompt` read on top of `state` (which is left unchanged)."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.embed.weight.device)
+    logits, after = model(ids, state, last_only=True)
+    return _greedy(model, logits[0, -1], after, n, stop_ids)

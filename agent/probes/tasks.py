@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer
 
@@ -125,15 +126,15 @@ def candidates(sample: Sample, rng: random.Random, prompts: PromptBuilder, n: in
     return out
 
 
-def shaped_candidates(answer: str, rng: random.Random, prompts: PromptBuilder, n: int = N_CANDIDATES) -> list[str]:
+def shaped_candidates(answer: str, rng: random.Random, encode: Callable[[str], list[int]], n: int = N_CANDIDATES) -> list[str]:
     """Distractors for a user's own expected answer: same shape and token length."""
-    want = len(prompts.answer_ids(answer))
+    want = len(encode(answer))
     out, seen = [answer], {answer}
     for _ in range(200 * n):
         if len(out) >= n:
             break
         v = text.same_shape(rng, answer)
-        if v not in seen and len(prompts.answer_ids(v)) == want:
+        if v not in seen and len(encode(v)) == want:
             seen.add(v)
             out.append(v)
     rng.shuffle(out)

@@ -1,0 +1,147 @@
+""""Does this session still remember X?": ask a copy of a saved state, with controls.
+
+Plain inputs only (state bytes, the question, the expected answer, where it was last
+mentioned), so this module never touches the database; `agent/cli_probe.py` wires it to
+the session store. The cost is one question on the state plus a blank-state control: it
+does not depend on how long the history is. The caller's bytes are never modified (their
+hash is checked before and after), and the state is parsed into fresh tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from agent.runtime.checkpoint import LoadedModel
+from agent.runtime.state import RecurrentState
+
+from agent.probes import text
+from agent.probes.engine import advance, ask, greedy_answer
+from agent.probes.ledger import resting_half_lives
+from agent.probes.tasks import shaped_candidates
+
+LIFT_NATS = 1.0  # the state must raise the answer's log-prob by this much over a blank state
+MIN_CANDIDATES = 5
+ANSWER_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class Mention:
+    """Where the expected detail was last mentioned, relative to the state asked."""
+
+    turn_id: int
+    turns_since: int  # turns after the mentioning turn
+    tokens_since: int  # tokens folded in after the mention's last token
+
+
+@dataclass
+class SessionCheck:
+    verdict: str  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED | ANSWERED (no expectation)
+    answer: str  # the model's greedy answer from the copy
+    question: str
+    expect: str | None = None
+    rank: int | None = None
+    n_candidates: int | None = None
+    logp: float | None = None
+    blank_logp: float | None = None
+    blank_rank: int | None = None
+    reason: str = ""
+    mention: Mention | None = None
+    retention: dict[str, Any] = field(default_factory=dict)
+    state_tokens: int = 0
+    state_sha256: str = ""
+    bytes_unchanged: bool = True
+
+    @property
+    def lift(self) -> float | None:
+        return None if self.logp is None or self.blank_logp is None else self.logp - self.blank_logp
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lift"] = self.lift
+        return d
+
+
+def find_mention(turn_ids: Sequence[int], expect_ids: Sequence[Sequence[int]]) -> int | None:
+    """Tokens of the turn after the last occurrence of any of `expect_ids` in it."""
+    best = None
+    for pat in expect_ids:
+        n = len(pat)
+        for i in range(len(turn_ids) - n, -1, -1):
+            if list(turn_ids[i : i + n]) == list(pat):
+                after = len(turn_ids) - (i + n)
+                best = after if best is None else min(best, after)
+                break
+    return best
+
+
+def predicted_retention(loaded: LoadedModel, tokens_since: int | None) -> dict[str, Any]:
+    """The heads' resting half-lives and, given a distance, the share of a write left."""
+    half = resting_half_lives(loaded.model)
+    flat = [(h, li, hi) for li, row in enumerate(half) for hi, h in enumerate(row)]
+    slow, sl, sh = max(flat)
+    out: dict[str, Any] = {"slowest": {"layer": sl, "head": sh, "half_life": slow}, "basis": "gate bias at rest"}
+    if tokens_since is not None:
+        out["slowest"]["retained"] = float(f"{math.exp(-math.log(2) * tokens_since / slow):.6g}") if slow > 0 else 0.0
+        out["per_layer_max"] = [float(f"{max(math.exp(-math.log(2) * tokens_since / h) for h in row):.6g}") for row in half]
+    return out
+
+
+def _verdict(a, n: int) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    if n < MIN_CANDIDATES:
+        return "UNDETERMINED", f"only {n} distractors of the same shape and token length exist"
+    if a.blank_rank == 1:
+        return "UNDETERMINED", "a blank state already ranks the expected answer first: no test of memory"
+    if a.exact or a.contains:
+        return "REMEMBERED", "the model says it"
+    if a.rank == 1 and a.lift >= LIFT_NATS:
+        return "REMEMBERED", f"top choice among {n} and {a.lift:+.2f} nats over a blank state"
+    if a.rank <= 3 or a.lift >= LIFT_NATS:
+        return "WEAK", f"rank {a.rank} of {n}, {a.lift:+.2f} nats over a blank state, but not said"
+    return "FORGOTTEN", f"rank {a.rank} of {n}, {a.lift:+.2f} nats over a blank state"
+
+
+def check_session(
+    loaded: LoadedModel,
+    state_bytes: bytes,
+    question: str,
+    *,
+    expect: str | None = None,
+    fold_ids: Sequence[int] = (),
+    mention: Mention | None = None,
+    seed: int = 0,
+) -> SessionCheck:
+    """Ask `question` of a copy of the state (after folding `fold_ids`, the turns since the
+    snapshot, if any) and, with `expect`, score it against same-shape distractors and a
+    blank-state control. Raises the runtime's `StateError` for unusable bytes."""
+    if expect is not None and not expect.strip():
+        raise ValueError("--expect must not be empty")
+    digest = hashlib.sha256(state_bytes).hexdigest()
+    tok, tpl, model = loaded.tokenizer, loaded.template, loaded.model.eval()
+    state = RecurrentState.from_bytes(bytes(state_bytes), config=loaded.config, fingerprint=loaded.fingerprint,
+                                      device=model.embed.weight.device)
+    n_tokens = state.n_tokens
+    if fold_ids:
+        _, state = advance(model, state, fold_ids)
+    q_ids = tpl.message(tok, "user", question) + tpl.reply_prefix(tok)
+    stops = tpl.stop_ids(tok)
+    result = SessionCheck(verdict="ANSWERED", answer="", question=question, expect=expect, mention=mention,
+                          state_tokens=n_tokens + len(fold_ids), state_sha256=digest)
+    if expect is None:
+        result.answer = tok.decode(greedy_answer(model, state, q_ids, ANSWER_TOKENS, stops))
+    else:
+        expect = expect.strip()
+        rng = text.rng_of(seed, "session", question, expect)
+        cands = shaped_candidates(expect, rng, tok.encode)
+        ids = [tok.encode(c) for c in cands]
+        a = ask(model, state, q_ids, ids, cands.index(expect), decode=tok.decode, answer=expect,
+                greedy_tokens=len(ids[0]) + 8, stop_ids=stops)
+        result.verdict, result.reason = _verdict(a, len(cands))
+        result.answer = a.greedy
+        result.rank, result.n_candidates = a.rank, a.n_candidates
+        result.logp, result.blank_logp, result.blank_rank = a.logp, a.blank_logp, a.blank_rank
+    result.retention = predicted_retention(loaded, mention.tokens_since if mention else None)
+    result.bytes_unchanged = hashlib.sha256(state_bytes).hexdigest() == digest
+    return result
