@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import pytest
 
