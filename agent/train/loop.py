@@ -33,6 +33,7 @@ from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_ini
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
 METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
 
 
 class Trainer:
@@ -277,8 +278,11 @@ class Trainer:
         final_step = max(step + 1, self.start_step) if end > self.start_step else self.start_step
         self.save(final_step)
         summary = self._summary(final_step, eval_start, last_eval, time.perf_counter() - t_start)
-        if self.info.is_main and self._on_finished:
-            self._on_finished(summary)
+        if self.info.is_main:
+            # Also on disk, so a launcher of `torchrun -m agent.train` can read the outcome.
+            (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            if self._on_finished:
+                self._on_finished(summary)
         return summary
 
     def _summary(self, step: int, eval_start: float | None, eval_end: float | None, wall: float) -> dict[str, Any]:
