@@ -145,11 +145,14 @@ def compare(
 
 
 def _file_digest(db: Path) -> str:
-    """sha256 over the database file and its WAL (what holds committed data)."""
+    """sha256 over the database file and its WAL's frames (what holds committed data).
+
+    SQLite's read-only open may create an empty -wal and a -shm (reader bookkeeping); an
+    empty WAL holds nothing, so it hashes the same as an absent one."""
     h = hashlib.sha256()
     for p in (db, db.with_name(db.name + "-wal")):
         h.update(p.name.encode())
-        h.update(p.read_bytes() if p.exists() else b"<absent>")
+        h.update(p.read_bytes() if p.exists() else b"")
     return h.hexdigest()
 
 

@@ -1,0 +1,159 @@
+"""`laplace probe` commands: run, compare, session (read-only, byte-identical database)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli_probe import app
+from agent.probes.engine import advance
+from sessions import SessionStore, StateMeta
+
+runner = CliRunner()
+
+
+def _invoke(home: Path, *args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args), env={"LAPLACE_HOME": str(home), "LAPLACE_DEVICE": "cpu"})
+
+
+def _one_error_line(result) -> None:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ")
+
+
+def test_run_smoke_writes_json_plot_and_a_probe_run(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    r = _invoke(tmp_path, "run", "-m", "tiny", "--suite", "smoke", "--threads", "1", "--json", str(out), "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert "passkey / noise" in r.output and "stored probe run" in r.output
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1 and report["suite"]["name"] == "smoke"
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with SessionStore.open(tmp_path / "laplace.db", readonly=True) as store:
+        runs = store.list_probe_runs()
+    assert len(runs) == 1 and runs[0].kind == "smoke" and runs[0].payload["cells"] == report["cells"]
+    # Compare: identical reports pass, a failed self-test fails.
+    assert _invoke(tmp_path, "compare", str(out), str(out)).exit_code == 0
+    bad = dict(report)
+    bad["state_metrics"] = dict(report["state_metrics"], resume=dict(report["state_metrics"]["resume"], passed=False))
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = _invoke(tmp_path, "compare", str(out), str(tmp_path / "bad.json"))
+    assert r.exit_code == 1 and "REGRESSION resume" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "-m", "tiny", "--suite", "huge"], "unknown suite"),
+    (["run", "-m", "no-such-model", "--suite", "smoke"], "no model named"),
+    (["run", "-m", "tiny", "--suite", "smoke", "--filler", "file:/nonexistent/notes.txt"], "cannot read filler file"),
+    (["run", "-m", "tiny", "--suite", "smoke", "--style", "poem"], "unknown prompt style"),
+    (["run", "-m", "tiny", "--budget", "-3"], "--budget"),
+    (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read"),
+    (["session", "abc", "--ask", "What?"], "no session database"),
+])
+def test_bad_input_is_one_error_line(tmp_path, args, message):
+    r = _invoke(tmp_path, *args)
+    _one_error_line(r)
+    assert message in r.output
+
+
+def _digest(db: Path) -> str:
+    """The database file's bytes and its WAL's (absent and empty are the same: no frames)."""
+    wal = db.with_name(db.name + "-wal")
+    return hashlib.sha256(db.read_bytes() + b"|" + (wal.read_bytes() if wal.exists() else b"")).hexdigest()
+
+
+@pytest.fixture()
+def session_db(tmp_path, tiny):
+    """A session that heard a locker code, chatted on, and has a user turn after its last state."""
+    tok, tpl, m, fp = tiny.tokenizer, tiny.template, tiny.model, tiny.fingerprint
+    store = SessionStore.open(tmp_path / "laplace.db")
+    sys_ids = tpl.message(tok, "system", "You are helpful.", first=True)
+    _, state = advance(m, m.new_state(1), sys_ids)
+    s = store.create_session(model_id="tiny", system_prompt="You are helpful.", system_token_ids=sys_ids,
+                             state=state.to_bytes(fingerprint=fp), state_meta=StateMeta(model_fingerprint=fp, n_tokens=len(sys_ids)))
+    turns = [("My locker code is 48213. Please remember it.", "Noted."), ("Tell me about the weather.", "It is sunny and mild today.")]
+    replies = []
+    for user, reply in turns:
+        u_ids = tpl.message(tok, "user", user)
+        store.begin_turn(s.id, role="user", content=user, token_ids=u_ids)
+        _, state = advance(m, state, u_ids)
+        a = store.begin_turn(s.id, role="assistant")
+        r_ids = tpl.reply_prefix(tok) + tok.encode(reply) + tpl.reply_suffix(tok)
+        _, state = advance(m, state, r_ids)
+        replies.append(a.id)
+        store.commit_turn(a.id, content=reply, token_ids=r_ids, state=state.to_bytes(fingerprint=fp),
+                          state_meta=StateMeta(model_fingerprint=fp, n_tokens=state.n_tokens))
+    last = store.begin_turn(s.id, role="user", content="One more thing.", token_ids=tpl.message(tok, "user", "One more thing."))
+    store.close()
+    return tmp_path, s.uid, replies[0]
+
+
+def test_session_check_is_read_only_and_reports_a_verdict(session_db):
+    home, uid, first_reply = session_db
+    db = home / "laplace.db"
+    before = _digest(db)
+    r = _invoke(home, "session", uid[:8], "--ask", "What is my locker code?", "--expect", "48213", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["verdict"] in {"REMEMBERED", "WEAK", "FORGOTTEN", "UNDETERMINED"}
+    assert d["n_candidates"] == 20 and 1 <= d["rank"] <= 20
+    assert d["mention"]["turns_since"] == 4  # assistant, user, assistant, user (the head)
+    assert d["mention"]["tokens_since"] > 0
+    assert 0 < d["retention"]["slowest"]["retained"] < 1
+    assert d["bytes_unchanged"] and d["database_unchanged"]
+    assert _digest(db) == before
+    # An untrained model cannot remember: never REMEMBERED.
+    assert d["verdict"] != "REMEMBERED"
+    # At an earlier turn, from that turn's own snapshot: the mention is one turn back.
+    r = _invoke(home, "session", uid, "--ask", "What is my locker code?", "--expect", "48213", "--turn", str(first_reply), "--json")
+    assert r.exit_code == 0, r.output
+    early = json.loads(r.output)
+    assert early["mention"]["turns_since"] == 1 and early["state_tokens"] < d["state_tokens"]
+    # Without --expect it prints the model's answer from the copy.
+    r = _invoke(home, "session", uid, "--ask", "What is my locker code?")
+    assert r.exit_code == 0, r.output
+    assert "answer" in r.output and "database unchanged" in r.output
+    assert _digest(db) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["session", "ffffffff", "--ask", "Q?"], "no session"),
+    (["--expect", "  "], "--expect must not be empty"),
+    (["--turn", "999999"], "999999"),
+])
+def test_session_bad_input(session_db, args, message):
+    home, uid, _ = session_db
+    full = args if args[0] == "session" else ["session", uid, "--ask", "Q?", *args]
+    r = _invoke(home, *full)
+    _one_error_line(r)
+    assert message.lower() in r.output.lower()
+
+
+def test_verdicts_follow_rank_lift_and_the_blank_control():
+    from agent.probes.engine import Answer
+    from agent.probes.session_check import _verdict
+
+    def ans(rank=1, lift=3.0, blank_rank=9, said=False):  # type: ignore[no-untyped-def]
+        return Answer(rank=rank, n_candidates=20, pick=0, logp=-1.0, blank_logp=-1.0 - lift, blank_rank=blank_rank,
+                      greedy="", exact=said, contains=said)
+
+    assert _verdict(ans(said=True, rank=4, lift=0.0), 20)[0] == "REMEMBERED"
+    assert _verdict(ans(), 20)[0] == "REMEMBERED"
+    assert _verdict(ans(rank=1, lift=0.2), 20)[0] == "WEAK"
+    assert _verdict(ans(rank=9, lift=1.5), 20)[0] == "WEAK"
+    assert _verdict(ans(rank=9, lift=0.1), 20)[0] == "FORGOTTEN"
+    assert _verdict(ans(blank_rank=1), 20)[0] == "UNDETERMINED"
+    assert _verdict(ans(), 3)[0] == "UNDETERMINED"
+
+
+def test_find_mention_counts_tokens_after_the_last_occurrence():
+    from agent.probes.session_check import find_mention
+
+    assert find_mention([1, 2, 3, 9, 2, 3, 7, 7], [[2, 3]]) == 2
+    assert find_mention([1, 2, 3], [[5]]) is None
