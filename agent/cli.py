@@ -101,5 +101,19 @@ def bench(
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
 
 
+def _register_subcommands() -> None:
+    from agent import cli_chat, cli_sessions
+
+    cli_chat.register(app)
+    app.add_typer(cli_sessions.app, name="sessions", help="Manage saved sessions.")
+
+
+_register_subcommands()
+
+
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    import sys
+
+    from agent.cli_chat import join_option_pairs
+
+    app(args=join_option_pairs(sys.argv[1:]), prog_name="laplace")

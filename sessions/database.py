@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from urllib.parse import quote
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,13 +43,16 @@ def _create_private(path: Path) -> None:
 
 def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves; Python's implicit transactions
-    # would otherwise wrap reads and hold snapshots open.
+    # would otherwise wrap reads and hold snapshots open. check_same_thread=False: the chat
+    # service is driven from a UI worker thread; it serializes its own calls with a lock.
     if readonly:
         conn = sqlite3.connect(
-            f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+            f"file:{quote(str(path))}?mode=ro", uri=True, isolation_level=None,
+            timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False,
         )
     else:
-        conn = sqlite3.connect(str(path), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(str(path), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                               check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
     if not readonly:

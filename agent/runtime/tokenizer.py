@@ -144,3 +144,11 @@ class StreamDecoder:
             self._prefix, self._read = self._read, len(self.ids)
             return full_text[len(prefix_text) :]
         return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the end of the stream),
+        so that everything pushed, joined, equals `decode(ids)`."""
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        full_text = self.tok.decode(self.ids[self._prefix :])
+        self._prefix = self._read = len(self.ids)
+        return full_text[len(prefix_text) :]

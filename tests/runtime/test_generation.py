@@ -38,6 +38,9 @@ def test_byte_tokenizer_round_trips_unicode_and_refuses_injected_specials():
     pieces = [dec.push(i) for i in ids]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+    dec = StreamDecoder(tok)
+    cut = tok.encode("✓")[:2]  # an incomplete character is held back until flushed
+    assert [dec.push(i) for i in cut] == ["", ""] and dec.flush() == tok.decode(cut)
 
 
 def test_chat_template_layout():

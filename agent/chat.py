@@ -1,0 +1,428 @@
+"""`ChatService`: the one facade that joins the runtime and the session store.
+
+It opens, resumes and forks sessions, runs a turn as a stream of events, attaches
+documents, and persists every turn with the state after it. The invariant it keeps: the
+live state has read exactly the token ids stored for the branch up to the head, whatever
+happens (stop, cancel, Ctrl-C, an exception mid-reply).
+
+Turn layout in tokens (see `ChatTemplate`): the root system turn holds
+`<|bos|><|system|>...<|end|>\\n`; a user turn `<|user|>...<|end|>\\n`; an assistant turn
+`<|assistant|>` + the reply + `<|end|>\\n`, so the stored ids of a cancelled reply are the
+partial reply closed by the template, and the state reads exactly those.
+
+Thread use: the TUI calls streaming methods from a worker thread; one lock serializes them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Literal, Sequence
+
+import torch
+
+from agent.chat_docs import read_document, fold_document
+from agent.chat_types import (
+    ChatError,
+    ChatEvent,
+    ProbeAnswer,
+    ProgressEvent,
+    SearchHit,
+    SessionView,
+    StateUnusableError,
+    StatsEvent,
+    StatusView,
+    TokenEvent,
+    TurnFinished,
+    TurnStarted,
+    TurnView,
+)
+from agent.runtime.checkpoint import LoadedModel
+from agent.runtime.generation import EagerRunner, Generation
+from agent.runtime.sampling import SamplingOptions, make_generator
+from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
+from agent.runtime.tokenizer import StreamDecoder
+from sessions import Session, SessionError, SessionStore, StateError, StateMeta, Turn
+
+FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
+HEARTBEAT_EVERY_S = 5.0
+
+
+class ChatService:
+    """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
+
+    def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
+                 device: str = "cpu", options: SamplingOptions | None = None) -> None:
+        self.store = store
+        self.lm = lm
+        self.model_id = model_id
+        self.runner = runner or EagerRunner(lm.model)
+        self.device = device
+        self.defaults = options or SamplingOptions()
+        self.options = self.defaults
+        self._session: Session | None = None
+        self._state: RecurrentState | None = None
+        self._lease = None
+        self._lock = threading.RLock()
+        self._last_tps: float | None = None
+
+    # ---- session lifecycle --------------------------------------------------------------
+
+    @property
+    def session(self) -> SessionView | None:
+        return self._view(self._session) if self._session else None
+
+    def _require(self) -> Session:
+        if self._session is None:
+            raise ChatError("no session is open; start one with /new or resume one")
+        return self._session
+
+    def _take(self, session: Session) -> None:
+        """Become the writer of `session` (releasing the previous one)."""
+        self._release()
+        try:
+            self._lease = self.store.acquire_lease(session)
+        except SessionError as exc:
+            raise ChatError(str(exc)) from None
+        self._session = session
+        self._state = None
+
+    def _release(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except SessionError:
+                pass
+            self._lease = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._release()
+
+    def _meta(self, state: RecurrentState) -> StateMeta:
+        return StateMeta(model_fingerprint=self.lm.fingerprint, n_tokens=state.n_tokens, dtype="float32")
+
+    def _blob(self, state: RecurrentState) -> bytes:
+        return state.to_bytes(fingerprint=self.lm.fingerprint)
+
+    def new_session(self, *, system: str | None = None, name: str | None = None) -> SessionView:
+        with self._lock:
+            system = system if system is not None else ""
+            _check_text(system, "system prompt")
+            ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
+            _, state = self.runner.prefill(ids, self.lm.model.new_state(1))
+            session = self.store.create_session(
+                model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
+                options=self._options_delta(), state=self._blob(state), state_meta=self._meta(state))
+            self._take(session)
+            self._state = state
+            self.options = self.defaults
+            return self._view(session)
+
+    def resume(self, uid_prefix: str | None = None) -> SessionView:
+        """Load the stored state (no transcript replay). Raises StateUnusableError when the
+        stored state cannot be trusted; the session stays selected so `rebuild_state` works."""
+        with self._lock:
+            try:
+                session = self.store.get_session(uid_prefix) if uid_prefix else self.store.most_recent_session()
+            except SessionError as exc:
+                raise ChatError(str(exc)) from None
+            if session is None:
+                raise ChatError("there is no session to continue yet; start one with `laplace chat`")
+            self._take(session)
+            self.options = self.defaults.with_pairs((k, str(v)) for k, v in session.options.items())
+            self._state = self._load_state(session)
+            return self._view(self.store.get_session(session.id))
+
+    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState:
+        """The state after `turn_id` (default: head) from the newest snapshot on the branch,
+        folding any turns stored after it (e.g. a user message whose reply crashed)."""
+        try:
+            turn = self.store.get_turn(turn_id if turn_id is not None else session.head_turn_id)
+            snap = self.store.latest_snapshot(session.id, turn.id)
+            if snap is None:
+                raise StateUnusableError(
+                    f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
+            data = self.store.load_state(snap, expected_fingerprint=self.lm.fingerprint)
+            state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.lm.fingerprint, device=self.runner.device)
+        except (StateError, RuntimeStateError) as exc:
+            other = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else ""
+            raise StateUnusableError(f"{exc}{other}") from None
+        state.n_tokens = snap.n_tokens
+        if turn.tokens_total > snap.n_tokens:
+            for ids in self.store.branch_token_ids(session.id, turn.id, after_turn_id=snap.turn_id):
+                if ids:
+                    _, state = self.runner.prefill(ids, state)
+        return state
+
+    def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
+        with self._lock:
+            session = self._require()
+            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            state, done = self.lm.model.new_state(1), 0
+            for ids in self.store.branch_token_ids(session.id, head.id):
+                if cancel is not None and cancel.is_set():
+                    yield ProgressEvent("rebuild cancelled", done, head.tokens_total)
+                    return
+                if ids:
+                    _, state = self.runner.prefill(ids, state)
+                done += len(ids)
+                yield ProgressEvent("replaying transcript", done, head.tokens_total)
+            if head.status == "streaming":
+                raise ChatError(f"turn {head.id} is still being written by another process")
+            self.store.put_snapshot(head.id, self._blob(state), self._meta(state))
+            self._state = state
+
+    def _state_now(self) -> RecurrentState:
+        if self._state is None:
+            self._state = self._load_state(self._require())
+        return self._state
+
+    # ---- turns --------------------------------------------------------------------------
+
+    def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Store the user's message, fold it in, stream the reply, commit reply + state."""
+        with self._lock:
+            session = self._require()
+            _check_text(text, "message")
+            state = self._state_now()
+            ids = self.lm.template.message(self.lm.tokenizer, "user", text)
+            user = self._guard(lambda: self.store.begin_turn(session.id, role="user", content=text, token_ids=ids))
+            _, state = self.runner.prefill(ids, state)
+            self._state = state  # the user turn is stored; the live state has read it
+            yield from self._reply(session, state, cancel, user_turn=self._turn_view(user))
+
+    def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """A new sibling reply to the last user message; the old reply stays in history."""
+        with self._lock:
+            session = self._require()
+            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            if head.role != "assistant":
+                raise ChatError("the last turn is not a reply; send a message first, then regenerate its reply")
+            state = self._load_state(session, head.parent_id)
+            self._state = state
+            seed = self.options.seed
+            if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
+                seed += len(self.store.siblings(head.id))
+            yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
+
+    def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
+               user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None) -> Iterator[ChatEvent]:
+        tok, template = self.lm.tokenizer, self.lm.template
+        if regenerate_of is not None:
+            turn = self._guard(lambda: self.store.regenerate(regenerate_of))
+        else:
+            turn = self._guard(lambda: self.store.begin_turn(session.id, role="assistant"))
+        yield TurnStarted(user_turn, turn.id)
+        prefix = template.reply_prefix(tok)
+        opts = self.options
+        gen = None
+        decoder, text, status, error = StreamDecoder(tok), "", "complete", None
+        t0 = last_flush = last_beat = time.monotonic()
+        try:
+            logits, state = self.runner.prefill(prefix, state)
+            gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok),
+                             decode=tok.decode, cancel=cancel,
+                             generator=make_generator(seed if regenerate_of is not None else opts.seed, "cpu"))
+            for token in gen:
+                piece = decoder.push(token)
+                if piece:
+                    text += piece
+                    yield TokenEvent(piece)
+                now = time.monotonic()
+                if now - last_flush > FLUSH_EVERY_S:
+                    self.store.update_streaming(turn.id, tok.decode(gen.tokens))
+                    last_flush = now
+                if now - last_beat > HEARTBEAT_EVERY_S and self._lease is not None:
+                    self._lease.heartbeat()
+                    last_beat = now
+            rest = decoder.flush()
+            if rest:
+                yield TokenEvent(rest)
+            if gen.stop_reason == "cancelled":
+                status = "cancelled"
+        except (KeyboardInterrupt, GeneratorExit):
+            status = "cancelled"
+            self._finish(turn, gen, prefix, state, status, None, t0)
+            raise
+        except Exception as exc:  # the reply so far is kept, marked error
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        final = self._finish(turn, gen, prefix, state, status, error, t0)
+        if error is not None:
+            yield TurnFinished(final)
+            return
+        yield StatsEvent(new_tokens=len(gen.tokens) if gen else 0, tokens_per_s=self._last_tps or 0.0,
+                         tokens_folded=self._state.n_tokens, state_bytes=self._state.nbytes)
+        yield TurnFinished(final)
+
+    def _finish(self, turn: Turn, gen: Generation | None, prefix: Sequence[int], state: RecurrentState,
+                status: str, error: str | None, t0: float) -> TurnView:
+        """Close the reply with the template suffix, fold it, and commit turn + state together."""
+        tok = self.lm.tokenizer
+        tokens = list(gen.tokens) if gen else []
+        elapsed = max(time.monotonic() - t0, 1e-9)
+        self._last_tps = len(tokens) / elapsed if tokens else None
+        content = tok.decode(tokens)
+        ids = [*prefix, *tokens, *self.lm.template.reply_suffix(tok)]
+        stats = {"new_tokens": len(tokens), "seconds": round(elapsed, 4), "tokens_per_s": self._last_tps,
+                 "stop_reason": gen.stop_reason if gen else None}
+        blob = meta = None
+        try:
+            with torch.inference_mode():
+                after = gen.finish() if gen else self.runner.prefill(prefix, state)[1]
+                _, after = self.runner.prefill(self.lm.template.reply_suffix(tok), after)
+            blob, meta = self._blob(after), self._meta(after)
+        except Exception as exc:  # no trustworthy state: commit the text, replay later
+            after, error = None, error or f"{type(exc).__name__}: {exc}"
+            status = "error"
+        final = self.store.commit_turn(turn.id, content=content, status=status, token_ids=ids, stats=stats,
+                                       error=error, state=blob, state_meta=meta)
+        self._state = after if after is not None else None
+        self._session = self.store.get_session(turn.session_id)
+        return self._turn_view(final)
+
+    def attach(self, path: Path, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Fold a UTF-8 text file of any length into the state in fixed segments."""
+        with self._lock:
+            session = self._require()
+            text = read_document(Path(path))
+            before = self._state_now()
+            turn = self._guard(lambda: self.store.begin_turn(session.id, role="document", content=text))
+            yield TurnStarted(None, turn.id)
+            ids: list[int] = []
+            state = before
+            for event, state in fold_document(self.lm, self.runner, Path(path).name, text, before, ids, cancel):
+                yield event
+            if cancel is not None and cancel.is_set():  # nothing of it stays in the state
+                final = self.store.commit_turn(turn.id, status="cancelled", token_ids=[], error="attach cancelled",
+                                               state=self._blob(before), state_meta=self._meta(before))
+                self._state = before
+            else:
+                final = self.store.commit_turn(turn.id, status="complete", token_ids=ids,
+                                               state=self._blob(state), state_meta=self._meta(state))
+                self._state = state
+            yield TurnFinished(self._turn_view(final))
+
+    def probe(self, question: str, expected: str | None = None, max_new_tokens: int = 48) -> ProbeAnswer:
+        """Ask a copy of the live state; the live state and the transcript are untouched."""
+        with self._lock:
+            _check_text(question, "question")
+            answer = self._ask_copy(self._state_now().clone(), question, max_new_tokens)
+            if expected is None:
+                return ProbeAnswer(question, answer, None, None)
+            blank_ids = self.lm.template.message(self.lm.tokenizer, "system", self._require().system_prompt, first=True)
+            _, blank = self.runner.prefill(blank_ids, self.lm.model.new_state(1))
+            control = self._ask_copy(blank, question, max_new_tokens)
+            said, guessed = expected.strip() in answer, expected.strip() in control
+            verdict = "UNDETERMINED" if guessed else "REMEMBERED" if said else "FORGOTTEN"
+            detail = f"blank-state control answered: {control[:80]!r}"
+            return ProbeAnswer(question, answer, expected, verdict, detail)
+
+    def _ask_copy(self, state: RecurrentState, question: str, max_new_tokens: int) -> str:
+        tok, template = self.lm.tokenizer, self.lm.template
+        ids = template.message(tok, "user", question) + template.reply_prefix(tok)
+        logits, state = self.runner.prefill(ids, state)
+        gen = Generation(self.runner, state, logits, SamplingOptions(temperature=0, max_new_tokens=max_new_tokens),
+                         stop_ids=template.stop_ids(tok))
+        return tok.decode(list(gen))
+
+    # ---- management ---------------------------------------------------------------------
+
+    def fork(self, at_turn: int | None = None) -> SessionView:
+        with self._lock:
+            session = self._require()
+            forked = self._guard(lambda: self.store.fork(session.id, at_turn))
+            self._take(forked)
+            self._state = self._load_state(forked)
+            return self._view(forked)
+
+    def rename(self, name: str) -> SessionView:
+        with self._lock:
+            self._session = self._guard(lambda: self.store.rename_session(self._require().id, name.strip() or None))
+            return self._view(self._session)
+
+    def set_system(self, text: str) -> SessionView:
+        """The state has already read the old system prompt and cannot un-read it, so a new
+        system prompt starts a new session (the old one is kept)."""
+        return self.new_session(system=text, name=None)
+
+    def set_option(self, key: str, value: str) -> None:
+        with self._lock:
+            try:
+                self.options = self.options.with_pairs([(key, value)])
+            except ValueError as exc:
+                raise ChatError(str(exc)) from None
+            if self._session is not None:
+                self._session = self._guard(lambda: self.store.set_options(self._session.id, self._options_delta()))
+
+    def _options_delta(self) -> dict[str, object]:
+        base, cur = SamplingOptions().to_dict(), self.options.to_dict()
+        return {k: v for k, v in cur.items() if v != base[k] and k != "stop"}
+
+    def list_sessions(self) -> list[SessionView]:
+        return [self._view(s.session, s) for s in self.store.list_sessions()]
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        return [SearchHit(h.session_uid, h.session_name or h.session_uid[:8], h.turn_id, h.role, h.snippet)
+                for h in self.store.search(query, limit=limit)]
+
+    def delete_session(self, uid_prefix: str) -> None:
+        with self._lock:
+            target = self._guard(lambda: self.store.get_session(uid_prefix))
+            if self._session is not None and target.id == self._session.id:
+                self._release()
+                self._session, self._state = None, None
+            self._guard(lambda: self.store.delete_session(target.id))
+
+    def export(self, fmt: Literal["markdown", "json"], path: Path | None = None) -> Path:
+        import json
+
+        session = self._require()
+        suffix = "md" if fmt == "markdown" else "json"
+        out = Path(path) if path else Path.cwd() / f"laplace-{session.uid[:8]}.{suffix}"
+        body = self.store.export_markdown(session.id) if fmt == "markdown" else json.dumps(self.store.export_json(session.id), indent=2)
+        out.write_text(body, encoding="utf-8")
+        return out
+
+    # ---- views --------------------------------------------------------------------------
+
+    def status(self) -> StatusView:
+        state = self._state
+        n = state.n_tokens if state is not None else 0
+        s = self._session
+        return StatusView(model=self.model_id, device=self.device, session_uid=s.uid if s else None,
+                          session_name=(s.name or s.uid[:8]) if s else "", tokens_folded=n,
+                          state_bytes=self.lm.config.state_bytes(), kv_cache_bytes=self.lm.config.kv_cache_bytes(n),
+                          last_tokens_per_s=self._last_tps)
+
+    def tail(self, limit: int = 50) -> list[TurnView]:
+        return [self._turn_view(t) for t in self.store.tail(self._require().id, limit)]
+
+    def page_before(self, turn_id: int, limit: int = 50) -> list[TurnView]:
+        return [self._turn_view(t) for t in self.store.page_before(self._require().id, turn_id, limit)]
+
+    def _turn_view(self, t: Turn) -> TurnView:
+        sibs = self.store.siblings(t.id) if t.role in ("assistant", "user") else [t]
+        index = next((i for i, s in enumerate(sibs) if s.id == t.id), 0)
+        return TurnView(t.id, t.role, t.content, t.status, t.parent_id, t.n_tokens, index, len(sibs))
+
+    def _view(self, s: Session, summary=None) -> SessionView:
+        summary = summary or self.store.summary(s.id)
+        return SessionView(s.uid, s.name or s.uid[:8], s.model_id, s.system_prompt, summary.turns,
+                           summary.tokens_folded, summary.state_bytes, s.updated_at, s.archived)
+
+    @staticmethod
+    def _guard(fn):
+        try:
+            return fn()
+        except SessionError as exc:
+            raise ChatError(str(exc)) from None
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ChatError(f"the {what} is not valid UTF-8 text; re-encode it as UTF-8") from None

@@ -1,0 +1,207 @@
+"""`laplace chat` and `laplace ask`: build the chat service from flags and run a front end.
+
+This module wires concrete objects (settings, session store, model, runner, service);
+the service and the TUI never construct their own dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from agent.settings import Settings
+
+if TYPE_CHECKING:
+    from agent.chat import ChatService
+
+DEFAULT_MODEL = "default"
+OPTION_HELP = "Sampling option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop."
+
+
+def join_option_pairs(argv: list[str]) -> list[str]:
+    """Rewrite `-o KEY VALUE` as `-o KEY=VALUE` (click cannot declare a repeated two-value
+    option through Typer); `-o KEY=VALUE` passes through. Stops at `--`."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if arg in ("-o", "--option") and i + 2 < len(argv) + 1 and i + 1 < len(argv) and "=" not in argv[i + 1] and i + 2 < len(argv):
+            out += [arg, f"{argv[i + 1]}={argv[i + 2]}"]
+            i += 3
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
+    pairs = []
+    for item in raw or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"sampling option {item!r} needs a value: -o KEY VALUE")
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _progress(label: str, done: int, total: int) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", err=True, nl=done >= total)
+
+
+def open_service(*, model: Optional[str], session: Optional[str], cont: bool, device: str,
+                 options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str]) -> "ChatService":
+    """Resolve the model (a resumed session's own model unless -m is given), open the store,
+    build the service and open or resume the session. Raises typer.Exit with a one-line error."""
+    from agent.chat import ChatService
+    from agent.chat_types import ChatError, StateUnusableError
+    from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
+    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
+    from agent.runtime.generation import EagerRunner
+    from agent.runtime.sampling import SamplingOptions
+    from sessions import SessionError, SessionStore
+
+    settings = Settings.from_env()
+    if session and cont:
+        raise _fail("use either -c/--continue or --session ID, not both")
+    if system is not None and (session or cont):
+        raise _fail("--system applies to a new session; a resumed state has already read its system prompt (use /system in chat to start a new session)")
+    try:
+        settings.ensure_home()
+        store = SessionStore.open(settings.db_path)
+    except (SessionError, OSError) as exc:
+        raise _fail(f"cannot open the session database {settings.db_path}: {exc}") from None
+    except Exception as exc:  # sqlite3.DatabaseError for a file that is not a database
+        raise _fail(f"cannot open the session database {settings.db_path} ({exc}); move it aside to start fresh") from None
+    try:
+        target = None
+        if session or cont:
+            target = store.get_session(session) if session else store.most_recent_session()
+            if target is None:
+                raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
+        spec = model or (target.model_id if target else DEFAULT_MODEL)
+        path = resolve_model_path(spec, settings.models_dir)
+        model_id = str(path.resolve()) if path is not None and path.exists() else spec
+        try:
+            dev = resolve_device(device if device != "auto" else settings.device)
+            lm = load_model(spec, device=dev, dtype=parse_dtype(settings.dtype), models_dir=settings.models_dir)
+        except ModelLoadError as exc:
+            hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
+            raise _fail(f"{exc}{hint}") from None
+        except (DeviceUnavailableError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        try:
+            opts = SamplingOptions().with_pairs(options)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        service = ChatService(store, lm, model_id=model_id, runner=EagerRunner(lm.model), device=str(dev), options=opts)
+        try:
+            if target is None:
+                service.new_session(system=system)
+            else:
+                try:
+                    service.resume(target.uid)
+                except StateUnusableError as exc:
+                    if not rebuild_state:
+                        raise _fail(str(exc)) from None
+                    for ev in service.rebuild_state():
+                        _progress(ev.label, ev.done, ev.total)
+                for key, value in options:
+                    service.set_option(key, value)
+        except ChatError as exc:
+            service.close()
+            raise _fail(str(exc)) from None
+        return service
+    except SessionError as exc:
+        store.close()
+        raise _fail(str(exc)) from None
+    except typer.Exit:
+        store.close()
+        raise
+
+
+def read_prompt(prompt: str) -> str:
+    if prompt == "-":
+        raw = sys.stdin.buffer.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _fail(f"stdin is not UTF-8 text (bad byte at offset {exc.start}); re-encode it as UTF-8") from None
+    else:
+        text = prompt
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _fail("the prompt is not valid UTF-8; re-encode it as UTF-8") from None
+    if not text.strip():
+        raise _fail("the prompt is empty; pass text or '-' to read stdin")
+    return text
+
+
+def ask(
+    prompt: str = typer.Argument(..., help="The message; '-' reads it from stdin."),
+    cont: bool = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session."),
+    session: Optional[str] = typer.Option(None, "--session", help="Continue this session (unique id prefix)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default)."),
+    system: Optional[str] = typer.Option(None, "-s", "--system", help="System prompt for a new session."),
+    option: Optional[list[str]] = typer.Option(None, "-o", "--option", help=OPTION_HELP),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
+    as_json: bool = typer.Option(False, "--json", help="Print the turn as JSON instead of streaming text."),
+    rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
+) -> None:
+    """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
+    from agent.chat_types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
+
+    text = read_prompt(prompt)
+    service = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
+                           rebuild_state=rebuild_state, system=system)
+    started = finished = stats = None
+    session_uid = service.session.uid if service.session else ""
+    try:
+        for ev in service.send(text):
+            if isinstance(ev, TokenEvent) and not as_json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, TurnStarted):
+                started = ev
+            elif isinstance(ev, StatsEvent):
+                stats = ev
+            elif isinstance(ev, TurnFinished):
+                finished = ev.turn
+    except KeyboardInterrupt:
+        typer.echo("\ncancelled: the partial reply was saved, marked cancelled", err=True)
+        raise typer.Exit(130) from None
+    except ChatError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        service.close()
+        service.store.close()
+    assert started is not None and finished is not None
+    if as_json:
+        result = TurnResult(
+            session_uid=session_uid, user_turn_id=started.user_turn.id if started.user_turn else 0,
+            assistant_turn_id=finished.id, reply=finished.content, status=finished.status,
+            new_tokens=stats.new_tokens if stats else 0, tokens_per_s=stats.tokens_per_s if stats else 0.0,
+            tokens_folded=stats.tokens_folded if stats else 0)
+        typer.echo(json.dumps(asdict(result), ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    if finished.status == "error":
+        raise _fail("generation failed; the partial reply was saved, marked error")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ask")(ask)

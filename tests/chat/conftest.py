@@ -1,0 +1,39 @@
+"""Fixtures for chat-service tests: a real store in a temp dir and the untrained tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.chat import ChatService
+from agent.runtime.checkpoint import load_model
+from agent.runtime.generation import EagerRunner
+from agent.runtime.sampling import SamplingOptions
+from sessions import SessionStore
+
+
+@pytest.fixture(scope="session")
+def lm():
+    return load_model("tiny")
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "laplace.db"
+
+
+@pytest.fixture
+def make_service(db_path, lm):
+    made = []
+
+    def make(model=None, **opts):
+        store = SessionStore.open(db_path)
+        options = SamplingOptions(**{"temperature": 0.8, "seed": 1, "max_new_tokens": 12, **opts})
+        m = model or lm
+        svc = ChatService(store, m, model_id="tiny", runner=EagerRunner(m.model, segment_len=32), options=options)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()
+        svc.store.close()

@@ -1,0 +1,88 @@
+"""`laplace ask` through the real CLI wiring: exit codes, output and rows written."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.cli_chat import join_option_pairs
+from agent.settings import Settings
+from sessions import SessionStore
+
+runner = CliRunner()
+
+
+def laplace(*args: str, input: str | bytes | None = None):
+    return runner.invoke(app, join_option_pairs(list(args)), input=input)
+
+
+def store() -> SessionStore:
+    return SessionStore.open(Settings.from_env().db_path)
+
+
+def test_option_pairs_are_joined():
+    assert join_option_pairs(["ask", "-o", "top_k", "5", "-o", "seed=3", "hi"]) == ["ask", "-o", "top_k=5", "-o", "seed=3", "hi"]
+    assert join_option_pairs(["ask", "--", "-o", "a", "b"]) == ["ask", "--", "-o", "a", "b"]
+
+
+def test_ask_streams_persists_and_continues():
+    res = laplace("ask", "-m", "tiny", "-s", "be brief", "-o", "max_new_tokens", "6", "-o", "temperature", "0", "hello")
+    assert res.exit_code == 0, res.output
+    with store() as s:
+        [summary] = s.list_sessions()
+        assert summary.turns == 2 and summary.session.system_prompt == "be brief"
+        reply = s.tail(summary.session.id, 1)[0]
+        assert reply.role == "assistant" and reply.status == "complete"
+        assert res.stdout == reply.content + "\n"
+    res = laplace("ask", "-c", "--json", "again")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["status"] == "complete" and data["session_uid"] == summary.session.uid
+    assert data["new_tokens"] == 6  # the session's stored options apply on resume
+    with store() as s:
+        assert s.summary(summary.session.uid).turns == 4
+
+
+def test_ask_reads_stdin_and_refuses_bad_bytes():
+    res = laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "-", input="from stdin")
+    assert res.exit_code == 0, res.output
+    with store() as s:
+        uid = s.list_sessions()[0].session.uid
+        assert s.tail(uid, 2)[0].content == "from stdin"
+    res = laplace("ask", "-c", "-", input=b"\xff\xfe not utf-8")
+    assert res.exit_code == 1 and "stdin is not UTF-8" in res.stderr
+
+
+def test_ask_bad_inputs_are_one_line_errors(tmp_path):
+    laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "1", "seed session")
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    cases = [
+        (("ask", "-c", "--session", "abc", "x"), "either -c"),
+        (("ask", "--session", "ffffffff", "x"), "no session matches"),
+        (("ask", "-m", str(broken), "x"), "is missing config.json"),
+        (("ask", "-m", "tiny", "-o", "warp", "9", "x"), "unknown sampling option"),
+        (("ask", "-m", "tiny", ""), "prompt is empty"),
+        (("ask", "-c", "-s", "new system", "x"), "--system applies to a new session"),
+        (("ask", "x"), "no default model is bundled"),
+    ]
+    for args, needle in cases:
+        res = laplace(*args)
+        assert res.exit_code == 1, (args, res.output)
+        assert needle in res.stderr and res.stderr.strip().count("\n") == 0, (args, res.stderr)
+    with store() as s:
+        assert [x.turns for x in s.list_sessions()] == [2]  # nothing else written
+
+
+def test_ask_with_another_model_refuses_then_rebuilds(tmp_path):
+    from agent.runtime.checkpoint import load_model, save_model_dir
+
+    laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "hi")
+    other = save_model_dir(load_model("tiny", seed=9), tmp_path / "other")
+    res = laplace("ask", "-c", "-m", str(other), "x")
+    assert res.exit_code == 1 and "another model" in res.stderr and "--rebuild-state" in res.stderr
+    res = laplace("ask", "-c", "-m", str(other), "--rebuild-state", "-o", "max_new_tokens", "2", "x")
+    assert res.exit_code == 0, res.output
+    assert "replaying transcript" in res.stderr
