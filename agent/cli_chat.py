@@ -63,9 +63,13 @@ def _progress(label: str, done: int, total: int) -> None:
 
 
 def open_service(*, model: Optional[str], session: Optional[str], cont: bool, device: str,
-                 options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str]) -> "ChatService":
+                 options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str],
+                 defer_unusable: bool = False) -> tuple["ChatService", Optional[Exception]]:
     """Resolve the model (a resumed session's own model unless -m is given), open the store,
-    build the service and open or resume the session. Raises typer.Exit with a one-line error."""
+    build the service and open or resume the session. Raises typer.Exit with a one-line error.
+
+    A stored state that cannot be used is replayed with `rebuild_state`, returned as the
+    second value with `defer_unusable` (the TUI asks the user), or else an error."""
     from agent.chat import ChatService
     from agent.chat_types import ChatError, StateUnusableError
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
@@ -108,6 +112,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
         except ValueError as exc:
             raise _fail(str(exc)) from None
         service = ChatService(store, lm, model_id=model_id, runner=EagerRunner(lm.model), device=str(dev), options=opts)
+        unusable: Optional[Exception] = None
         try:
             if target is None:
                 service.new_session(system=system)
@@ -115,16 +120,19 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
                 try:
                     service.resume(target.uid)
                 except StateUnusableError as exc:
-                    if not rebuild_state:
+                    if rebuild_state:
+                        for ev in service.rebuild_state():
+                            _progress(ev.label, ev.done, ev.total)
+                    elif defer_unusable:
+                        unusable = exc
+                    else:
                         raise _fail(str(exc)) from None
-                    for ev in service.rebuild_state():
-                        _progress(ev.label, ev.done, ev.total)
                 for key, value in options:
                     service.set_option(key, value)
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None
-        return service
+        return service, unusable
     except SessionError as exc:
         store.close()
         raise _fail(str(exc)) from None
@@ -166,8 +174,8 @@ def ask(
     from agent.chat_types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
-    service = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
-                           rebuild_state=rebuild_state, system=system)
+    service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
+                              rebuild_state=rebuild_state, system=system)
     started = finished = stats = None
     session_uid = service.session.uid if service.session else ""
     try:
@@ -203,5 +211,51 @@ def ask(
         raise _fail("generation failed; the partial reply was saved, marked error")
 
 
+def load_keymap(path: Optional[Path]) -> dict[str, object] | None:
+    """`[keys]` of a TOML file: binding id -> "key[,key]". Default: $LAPLACE_HOME/keymap.toml."""
+    import tomllib
+
+    path = path or Settings.from_env().home / "keymap.toml"
+    if not path.exists():
+        return None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise _fail(f"keymap {path} is not valid TOML ({exc}); fix or remove it") from None
+    keys = data.get("keys", {})
+    if not isinstance(keys, dict):
+        raise _fail(f"keymap {path}: [keys] must be a table of binding id = \"key,key\"")
+    return keys
+
+
+def chat(
+    cont: bool = typer.Option(False, "-c", "--continue", help="Resume the most recently updated session."),
+    session: Optional[str] = typer.Option(None, "--session", help="Resume this session (unique id prefix)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default)."),
+    system: Optional[str] = typer.Option(None, "-s", "--system", help="System prompt for a new session."),
+    option: Optional[list[str]] = typer.Option(None, "-o", "--option", help=OPTION_HELP),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
+    rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
+    keymap: Optional[Path] = typer.Option(None, "--keymap", help="TOML file with a [keys] table: binding id = \"key,key\"."),
+) -> None:
+    """The chat TUI: a new session, or resume one with -c / --session."""
+    keys = load_keymap(keymap)
+    service, unusable = open_service(model=model, session=session, cont=cont, device=device,
+                                     options=parse_option_pairs(option), rebuild_state=rebuild_state,
+                                     system=system, defer_unusable=True)
+    from agent.tui.factory import create_app
+
+    try:
+        try:
+            app = create_app(service, keymap=keys, startup_error=unusable)
+        except ValueError as exc:  # an unknown binding id in the keymap
+            raise _fail(str(exc)) from None
+        app.run()
+    finally:
+        service.close()
+        service.store.close()
+
+
 def register(app: typer.Typer) -> None:
     app.command("ask")(ask)
+    app.command("chat")(chat)

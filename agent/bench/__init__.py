@@ -35,4 +35,23 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_prefill_memory(quick)
 
-    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory}
+    def store(quick: bool) -> dict[str, Any]:
+        import tempfile
+        from pathlib import Path
+
+        from agent.bench_store import run_store_bench
+
+        with tempfile.TemporaryDirectory(prefix="laplace-bench-") as tmp:
+            return run_store_bench(Path(tmp), quick=quick)
+
+    def train(quick: bool) -> dict[str, Any]:
+        from agent.bench_train import run_train_bench
+
+        return run_train_bench(quick)
+
+    def tui(quick: bool) -> dict[str, Any]:
+        from agent.tui.bench import run_tui_bench
+
+        return run_tui_bench(quick)
+
+    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui}

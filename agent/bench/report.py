@@ -31,7 +31,10 @@ def print_result(console: Console, name: str, result: dict[str, Any]) -> None:
         for r in rows:
             table.add_row(*(_fmt(r.get(c, "-")) for c in cols))
         console.print(table)
-    for key, value in (result.get("summary") or {}).items():
+    summary = result.get("summary")
+    if summary is None:  # a flat result: show its scalar fields
+        summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and k != "rows"}
+    for key, value in summary.items():
         console.print(f"  {key}: {_fmt(value)}")
 
 
