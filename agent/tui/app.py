@@ -217,6 +217,10 @@ class LaplaceApp(ActionsMixin, App[None]):
         elif isinstance(event, TurnStarted):
             if not chat.at_tail:
                 await self.load_session()
+            # The worker runs ahead of the UI: a reload may already hold the finished reply.
+            early = chat.widget_for(event.assistant_turn_id)
+            if early is not None:
+                await early.remove()
             if event.user_turn is not None and chat.widget_for(event.user_turn.id) is None:
                 await chat.append_turn(event.user_turn)
             if event.user_turn is None:  # regenerate: the new sibling replaces the last reply
@@ -312,6 +316,7 @@ class LaplaceApp(ActionsMixin, App[None]):
         if job is not None:
             job.cancel.set()
             await asyncio.to_thread(job.done.wait, QUIT_GRACE_S)
+            self.job = None  # events still queued from it must not touch a closing screen
         self.exit()
 
     def on_unmount(self) -> None:

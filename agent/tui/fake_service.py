@@ -58,6 +58,8 @@ class _Session:
 class FakeChatService:
     """Scripted chat service. `token_delay` is the pause before each streamed token."""
 
+    release: threading.Event
+
     def __init__(
         self,
         *,
@@ -65,8 +67,13 @@ class FakeChatService:
         reply: Callable[[str], str] = default_reply,
         model: str = "fake-gla-3b",
         device: str = "cpu",
+        hold_after: int | None = None,
     ) -> None:
         self.token_delay = token_delay
+        # With hold_after=N a reply stops after N tokens until `release` is set (or cancel):
+        # lets a test look at the UI mid-reply deterministically.
+        self.hold_after = hold_after
+        self.release = threading.Event()
         self.reply = reply
         self.model = model
         self.device = device
@@ -146,7 +153,10 @@ class FakeChatService:
         out: list[str] = []
         status = "complete"
         start = time.perf_counter()
-        for tok in _TOKEN_RE.findall(self.reply(text)):
+        for i, tok in enumerate(_TOKEN_RE.findall(self.reply(text))):
+            if i == self.hold_after:
+                while not self.release.wait(0.005) and not (cancel is not None and cancel.is_set()):
+                    pass
             if cancel is not None and cancel.is_set():
                 status = "cancelled"
                 break

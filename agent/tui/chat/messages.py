@@ -81,16 +81,17 @@ class MessageWidget(Static, can_focus=True):
     ]
 
     def __init__(self, turn: TurnView) -> None:
-        super().__init__(classes=f"message role-{turn.role} status-{turn.status}")
+        header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count)
+        # Content given at construction, not on mount: the first layout then already has the
+        # real height, which keeping the reading position across page loads relies on.
+        super().__init__(Group(header, message_body(turn)),
+                         classes=f"message role-{turn.role} status-{turn.status}")
         self.turn = turn
+        self.header = header
 
     @property
     def turn_id(self) -> int:
         return self.turn.id
-
-    def on_mount(self) -> None:
-        t = self.turn
-        self.update(Group(header_text(t.role, t.status, t.sibling_index, t.sibling_count), message_body(t)))
 
     def action_neighbour(self, step: int) -> None:
         siblings = [w for w in self.parent.children if isinstance(w, MessageWidget)] if self.parent else []

@@ -50,6 +50,7 @@ class ChatView(VerticalScroll, can_focus=False):
         self.has_older = False
         self.newer: list[DroppedPage] = []
         self.loading = False
+        self._quiet = 0  # >0 while our own mutations move the scroll position
         self._older_hint = Static("↑ older turns: scroll up or press the load-older key", classes="older-hint")
 
     # ---- queries ---------------------------------------------------------------------------
@@ -71,6 +72,11 @@ class ChatView(VerticalScroll, can_focus=False):
         return widgets[0].turn_id if widgets else None
 
     @property
+    def settled(self) -> bool:
+        """No page is being loaded and no mutation is waiting to be laid out."""
+        return not self.loading and not self._quiet
+
+    @property
     def at_tail(self) -> bool:
         return not self.newer
 
@@ -84,6 +90,7 @@ class ChatView(VerticalScroll, can_focus=False):
 
     async def show_tail(self, turns: list[TurnView]) -> None:
         """Replace everything with the newest turns of a session and stick to the bottom."""
+        self._hush()
         await self.remove_children()
         self.newer.clear()
         self.has_older = bool(turns) and turns[0].parent_id is not None
@@ -95,26 +102,33 @@ class ChatView(VerticalScroll, can_focus=False):
 
     async def prepend(self, turns: list[TurnView]) -> None:
         """Mount an older page above the window, keeping the reading position."""
-        self.loading = False
-        self.has_older = bool(turns) and turns[0].parent_id is not None
-        self._older_hint.display = self.has_older
-        if not turns:
-            return
-        keep = self._position_keeper(self.turn_widgets[:1])
-        await self.mount_all([MessageWidget(t) for t in turns], after=self._older_hint)
-        await self._drop(from_top=False)
-        keep()
+        try:
+            self.has_older = bool(turns) and turns[0].parent_id is not None
+            self._older_hint.display = self.has_older
+            if not turns:
+                return
+            self._hush()
+            keep = self._position_keeper(self.turn_widgets[:1])
+            await self.mount_all([MessageWidget(t) for t in turns], after=self._older_hint)
+            await self._drop(from_top=False)
+            keep()
+        finally:
+            self.loading = False  # only now: a request during the mutation would interleave
 
     async def append_page(self, turns: list[TurnView]) -> None:
         """Mount a page that was dropped below (fetched again by the app)."""
-        self.loading = False
-        keep = self._position_keeper(self.turn_widgets[-1:])
-        await self.mount_all([MessageWidget(t) for t in turns], before=self.streaming)
-        await self._drop(from_top=True)
-        keep()
+        try:
+            self._hush()
+            keep = self._position_keeper(self.turn_widgets[-1:])
+            await self.mount_all([MessageWidget(t) for t in turns], before=self.streaming)
+            await self._drop(from_top=True)
+            keep()
+        finally:
+            self.loading = False
 
     async def append_turn(self, turn: TurnView) -> MessageWidget:
         """A new turn at the end of the branch (the caller has made sure `at_tail`)."""
+        self._hush()
         keep = self._position_keeper(self.turn_widgets[-1:])
         widget = MessageWidget(turn)
         await self.mount(widget, before=self.streaming)
@@ -178,8 +192,19 @@ class ChatView(VerticalScroll, can_focus=False):
 
     # ---- edges -------------------------------------------------------------------------------
 
-    def _request(self, edge: Literal["top", "bottom"]) -> None:
-        if self.loading:
+    def _hush(self) -> None:
+        """Ignore scroll-position changes until our mutation is laid out: removing or adding
+        widgets clamps or moves scroll_y, which must not read as the user reaching an edge."""
+        self._quiet += 1
+
+        def settle() -> None:
+            self._quiet -= 1
+
+        # Two refreshes: one lays out the change, the next runs any position adjustment.
+        self.call_after_refresh(lambda: self.call_after_refresh(settle))
+
+    def _request(self, edge: Literal["top", "bottom"], *, user: bool = False) -> None:
+        if self.loading or (self._quiet and not user):
             return
         if (edge == "top" and self.has_older) or (edge == "bottom" and self.newer):
             self.loading = True
@@ -187,6 +212,8 @@ class ChatView(VerticalScroll, can_focus=False):
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
+        if self.max_scroll_y <= 0:
+            return  # nothing to scroll (or not laid out yet): a clamp, not the user at an edge
         if new_value <= 0 and old_value > 0:
             self._request("top")
         elif new_value >= self.max_scroll_y and old_value < new_value:
@@ -196,14 +223,19 @@ class ChatView(VerticalScroll, can_focus=False):
         # Scrolling up with the view already at the top changes nothing, so the watcher
         # above never fires; the wheel itself is the request.
         if self.scroll_y <= 0:
-            self._request("top")
+            self._request("top", user=True)
 
     def _on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
         if self.scroll_y >= self.max_scroll_y:
-            self._request("bottom")
+            self._request("bottom", user=True)
 
     def request_older(self) -> None:
-        self._request("top")
+        """The load-older key: go to the top of the window and fetch the page above it, so
+        the reader sees where the older turns join (the view stops following the bottom)."""
+        if self.scroll_y > 0:
+            self.release_anchor()
+            self.scroll_home(animate=False, immediate=True)
+        self._request("top", user=True)
 
     def focused_message(self, focused: Widget | None) -> MessageWidget | None:
         """The message the user means: the focused one, else the last reply in view."""
