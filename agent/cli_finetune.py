@@ -80,7 +80,7 @@ def finetune_command(
             batch_tokens=batch_tokens, micro_batch=micro_batch, lr=lr, muon_lr=muon_lr, adamw_lr=adamw_lr,
             weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, optimizer=optimizer,
             eval=tuple(str(e) for e in eval_data or ()), eval_every=eval_every, resume=str(resume) if resume else None,
-            save_every=save_every, tune=tune, on_bad=on_bad, device=device or ("cpu" if settings.device == "auto" else settings.device),
+            save_every=save_every, tune=tune, on_bad=on_bad, device=device or settings.device,
             dtype=dtype, seed=seed, distributed=distributed,
         )
     except TrainConfigError as exc:
