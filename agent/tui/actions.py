@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from textual import on, work
+from textual import work
 from textual.app import SystemCommand
+from textual.binding import Binding
 
 from agent.chat_types import ChatError, ProbeAnswer
 
+from .chat.messages import MessageWidget
 from .dialogs import ConfirmScreen, HelpScreen, TextInputScreen
 from .keymap import binding_ids, bindings_markdown
 from .prompt import PromptArea
@@ -43,6 +45,14 @@ else:
     _Base = object
 
 VERDICT_SEVERITY = {"REMEMBERED": "information", "WEAK": "warning", "FORGOTTEN": "error"}
+
+
+def known_bindings() -> dict[str, Binding]:
+    """Every remappable binding of the TUI, by id (the app's own come first)."""
+    from .app import LaplaceApp  # the app class imports this module
+
+    return binding_ids([LaplaceApp.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
+                        MessageWidget.BINDINGS, ConfirmScreen.BINDINGS])
 
 
 class ActionsMixin(_Base):
@@ -152,8 +162,9 @@ class ActionsMixin(_Base):
             current = self.service.session
             self.screen.set_sessions(self.service.list_sessions(), current.uid if current else None)
 
-    @on(SessionsScreen.Requested)
-    async def _session_request(self, req: SessionsScreen.Requested) -> None:
+    # Named by convention, not @on: Textual only registers @on handlers declared on the
+    # MessagePump class itself, and this is a mixin.
+    async def on_sessions_screen_requested(self, req: SessionsScreen.Requested) -> None:
         svc = self.service
         current = svc.session
         is_current = current is not None and req.uid == current.uid
@@ -218,18 +229,11 @@ class ActionsMixin(_Base):
 
     # ---- help and the command palette --------------------------------------------------------
 
-    def all_bindings(self) -> dict[str, object]:
-        from .chat.messages import MessageWidget  # local: avoids an import cycle at load time
-        from .dialogs import ConfirmScreen as _C
-
-        return binding_ids([self.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
-                            MessageWidget.BINDINGS, _C.BINDINGS])
-
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
         text = ("# Slash commands\n\n" + help_markdown() + "\n\n# Keys\n\nRemap any of these by id "
-                "(keymap `{id = \"keys\"}`).\n\n" + bindings_markdown(self.all_bindings(), self._keymap))
+                "(keymap `{id = \"keys\"}`).\n\n" + bindings_markdown(known_bindings(), self._keymap))
         self.push_screen(HelpScreen(text))
 
     def slash_system_commands(self) -> Iterable[SystemCommand]:

@@ -327,7 +327,7 @@ class LaplaceApp(ActionsMixin, App[None]):
         yield from super().get_system_commands(screen)
         for b in self.BINDINGS:
             if isinstance(b, Binding) and b.id and b.id != "quit":
-                keys = self._keymap.get(b.id, b.key) if hasattr(self, "_keymap") else b.key
+                keys = self._keymap.get(b.id, b.key)
                 yield SystemCommand(b.description, f"{keys} · id {b.id}", self._runner(b.action))
         yield from self.slash_system_commands()
 

@@ -19,19 +19,14 @@ from typing import Mapping
 
 from agent.chat_types import ChatServiceProtocol, StateUnusableError
 
+from .actions import known_bindings
 from .app import LaplaceApp
-from .chat.messages import MessageWidget
-from .dialogs import ConfirmScreen
-from .keymap import binding_ids, validate_keymap
-from .prompt import PromptArea
-from .sessions_panel import SessionsScreen
+from .keymap import validate_keymap
 
 
 def known_binding_ids() -> list[str]:
     """Every id a keymap may name."""
-    groups = [LaplaceApp.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
-              MessageWidget.BINDINGS, ConfirmScreen.BINDINGS]
-    return list(binding_ids(groups))
+    return list(known_bindings())
 
 
 def create_app(

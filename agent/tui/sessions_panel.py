@@ -84,6 +84,8 @@ class SessionsScreen(ModalScreen[None]):
 
     def _refill(self) -> None:
         options = self.query_one("#sessions-list", OptionList)
+        keep = options.highlighted_option.id if options.highlighted_option is not None else None
+        keep = keep or (f"s:{self.current_uid}" if self.current_uid else None)
         options.clear_options()
         if self.hits is not None:
             if not self.hits:
@@ -97,7 +99,9 @@ class SessionsScreen(ModalScreen[None]):
                 if matches(s, needle):
                     options.add_option(Option(session_label(s, s.uid == self.current_uid), id=f"s:{s.uid}"))
         if options.option_count:
-            options.highlighted = 0
+            # Stay on the session the user was on (after a rename or delete), else the top.
+            ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+            options.highlighted = ids.index(keep) if keep in ids else 0
 
     # ---- user input -----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ class DroppedPage:
     first_id: int
 
 
-class ChatView(VerticalScroll, can_focus=False):
+class ChatView(VerticalScroll):
     """Turn widgets for a window of the active branch, plus the reply in flight."""
 
     class EdgeReached(Message):
