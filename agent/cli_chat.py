@@ -74,7 +74,6 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     from agent.chat_types import ChatError, StateUnusableError
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
-    from agent.runtime.generation import EagerRunner
     from agent.runtime.sampling import SamplingOptions
     from sessions import SessionError, SessionStore
 
@@ -111,7 +110,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             opts = SamplingOptions().with_pairs(options)
         except ValueError as exc:
             raise _fail(str(exc)) from None
-        service = ChatService(store, lm, model_id=model_id, runner=EagerRunner(lm.model), device=str(dev), options=opts)
+        service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev), options=opts)
         unusable: Optional[Exception] = None
         try:
             if target is None:
@@ -139,6 +138,21 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     except typer.Exit:
         store.close()
         raise
+
+
+def make_runner(model, device, settings: Settings):  # type: ignore[no-untyped-def]
+    """Eager on CPU and CUDA; on Trainium, compiled over fixed shape buckets, with the compile
+    cache in a persistent directory so a restart does not recompile every bucket."""
+    import os
+
+    from agent.runtime.generation import EagerRunner
+
+    if device.type != "neuron":
+        return EagerRunner(model)
+    from agent.runtime.compiled import CompiledRunner
+
+    os.environ.setdefault("TORCH_NEURONX_NEFF_CACHE_DIR", str(settings.home / "neff-cache"))
+    return CompiledRunner(model, backend="neuron", segment_len=512)
 
 
 def read_prompt(prompt: str) -> str:

@@ -24,9 +24,12 @@ class PromptArea(TextArea):
     """Multi-line input. Posts `Submitted` with the full text (placeholders expanded)."""
 
     BINDINGS = [
-        # Priority, so they win over TextArea's own handling of enter.
-        Binding("enter", "submit", "Send", priority=True, id="submit"),
-        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", priority=True, id="newline"),
+        # Not priority bindings: those run at the App as soon as the key arrives, ahead of the
+        # characters typed just before it that still wait in this widget's queue, so a fast
+        # "text + Enter" (a paste, tmux send-keys) would submit an empty prompt. `_on_key`
+        # below runs them in order with the typed characters instead.
+        Binding("enter", "submit", "Send", id="submit"),
+        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", id="newline"),
     ]
 
     class Submitted(Message):
@@ -52,6 +55,18 @@ class PromptArea(TextArea):
     def clear_prompt(self) -> None:
         self.clear()
         self._pastes.clear()
+
+    async def _on_key(self, event: events.Key) -> None:
+        # Our own bindings, as remapped by the app's keymap, win over TextArea's handling.
+        keymap = getattr(self.app, "_keymap", {}) or {}
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding) and binding.id is not None
+            keys = [k.strip() for k in keymap.get(binding.id, binding.key).split(",")]
+            if event.key in keys:
+                event.prevent_default()
+                event.stop()
+                getattr(self, f"action_{binding.action}")()
+                return
 
     def action_submit(self) -> None:
         text = self.full_text

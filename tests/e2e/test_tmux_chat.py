@@ -45,9 +45,9 @@ class Tmux:
         raise AssertionError(f"{pattern!r} never appeared; screen:\n{self.screen()}")
 
     def type_and_send(self, text: str) -> None:
-        self.tmux("send-keys", "-t", "chat", "-l", text)
-        time.sleep(0.5)  # as a person would: type, then press Enter
-        self.tmux("send-keys", "-t", "chat", "Enter")
+        # One burst, as a paste or a fast typist delivers it: Enter must not overtake the
+        # characters still queued before it (it did once, and submitted an empty prompt).
+        self.tmux("send-keys", "-t", "chat", text, "Enter")
 
     def alive(self) -> bool:
         return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "chat"], capture_output=True, env=self.env).returncode == 0

@@ -1,0 +1,107 @@
+"""Ctrl-C and kill -9 during a reply, with real processes: nothing committed is lost and
+the state never disagrees with the transcript."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.runtime.checkpoint import load_model
+from agent.runtime.generation import EagerRunner
+from agent.runtime.state import RecurrentState
+from sessions import SessionStore
+
+LAPLACE = str(Path(sys.executable).with_name("laplace"))
+LONG = ["-o", "max_new_tokens", "20000", "-o", "temperature", "0"]
+
+
+def start_ask(home: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "LAPLACE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([LAPLACE, "ask", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_streaming(db: Path, timeout: float = 60) -> None:
+    """Until an assistant row is streaming with some text flushed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if db.exists():
+            with SessionStore.open(db, readonly=True) as s:
+                rows = s.db.execute("SELECT count(*) FROM turns WHERE status = 'streaming' AND length(content) > 0").fetchone()
+                if rows[0]:
+                    return
+        time.sleep(0.1)
+    raise AssertionError("no reply started streaming")
+
+
+def check_consistent(db: Path) -> None:
+    """Every snapshot equals a fresh replay of the token ids stored up to its turn."""
+    lm = load_model("tiny")
+    runner = EagerRunner(lm.model, segment_len=64)
+    with SessionStore.open(db, readonly=True) as s:
+        assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        for summary in s.list_sessions():
+            snap = s.latest_snapshot(summary.session.id)
+            stored = RecurrentState.from_bytes(s.load_state(snap, expected_fingerprint=lm.fingerprint))
+            state = lm.model.new_state(1)
+            for ids in s.branch_token_ids(summary.session.id, snap.turn_id):
+                if ids:
+                    _, state = runner.prefill(ids, state)
+            torch.testing.assert_close(stored.gla, state.gla, rtol=1e-5, atol=1e-6)
+
+
+def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path):
+    home = tmp_path / "home"
+    proc = start_ask(home, "-m", "tiny", *LONG, "tell me everything")
+    wait_streaming(home / "laplace.db")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"partial reply was saved" in err
+    with SessionStore.open(home / "laplace.db", readonly=True) as s:
+        uid = s.list_sessions()[0].session.uid
+        head = s.tail(uid, 1)[0]
+        assert head.role == "assistant" and head.status == "cancelled" and head.content
+        assert s.latest_snapshot(uid).turn_id == head.id  # the partial reply has its state
+    check_consistent(home / "laplace.db")
+
+
+def test_kill_9_mid_reply_loses_nothing_committed(tmp_path):
+    home = tmp_path / "home"
+    first = start_ask(home, "-m", "tiny", "-o", "max_new_tokens", "4", "a committed turn")
+    assert first.wait(timeout=60) == 0
+    proc = start_ask(home, "-c", *LONG, "this reply will be killed")
+    wait_streaming(home / "laplace.db")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    again = start_ask(home, "-c", "-o", "max_new_tokens", "4", "after the crash")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    with SessionStore.open(home / "laplace.db", readonly=True) as s:
+        uid = s.list_sessions()[0].session.uid
+        roles = [(t.role, t.status, t.content[:12]) for t in s.branch(uid)]
+    assert roles[1] == ("user", "complete", "a committed ")
+    assert roles[3] == ("user", "complete", "this reply w")  # stored before generation began
+    assert roles[4][:2] == ("assistant", "cancelled")  # interrupted, its text kept
+    assert roles[5] == ("user", "complete", "after the cr") and roles[6][1] == "complete"
+    check_consistent(home / "laplace.db")
+
+
+def test_second_process_on_the_same_session_is_refused(tmp_path):
+    home = tmp_path / "home"
+    assert start_ask(home, "-m", "tiny", "-o", "max_new_tokens", "2", "hi").wait(timeout=60) == 0
+    proc = start_ask(home, "-c", *LONG, "long reply")
+    wait_streaming(home / "laplace.db")
+    try:
+        other = start_ask(home, "-c", "x")
+        _, err = other.communicate(timeout=60)
+        assert other.returncode == 1 and b"in use by pid" in err
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
