@@ -16,7 +16,7 @@ import torch
 from agent.runtime.checkpoint import load_model
 from agent.runtime.generation import EagerRunner
 from agent.runtime.state import RecurrentState
-from sessions import SessionStore
+from sessions import SessionError, SessionStore
 
 LAPLACE = str(Path(sys.executable).with_name("laplace"))
 LONG = ["-o", "max_new_tokens", "20000", "-o", "temperature", "0"]
@@ -32,10 +32,13 @@ def wait_streaming(db: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if db.exists():
-            with SessionStore.open(db, readonly=True) as s:
-                rows = s.db.execute("SELECT count(*) FROM turns WHERE status = 'streaming' AND length(content) > 0").fetchone()
-                if rows[0]:
-                    return
+            try:
+                with SessionStore.open(db, readonly=True) as s:
+                    rows = s.db.execute("SELECT count(*) FROM turns WHERE status = 'streaming' AND length(content) > 0").fetchone()
+                    if rows[0]:
+                        return
+            except SessionError:  # the writer is still creating and migrating the file
+                pass
         time.sleep(0.1)
     raise AssertionError("no reply started streaming")
 
