@@ -49,7 +49,8 @@ def _threads(n: int) -> None:
 def run(
     model: str = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'."),
     suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full"),
-    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped (default: quick 45, standard 600)."),
+    no_budget: bool = typer.Option(False, "--no-budget", help="Run the suite's whole grid whatever it takes."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
     filler: list[str] = typer.Option([], "--filler", help="Override the suite's fillers (repeatable): noise, grammar, chat, logs, file:PATH."),
@@ -78,6 +79,10 @@ def run(
         raise _fail(f"unknown prompt style {style!r}; choose completion or chat")
     if budget is not None and budget <= 0:
         raise _fail("--budget must be a positive number of seconds")
+    if budget is None and not no_budget:
+        budget = chosen.default_budget_s
+    if no_budget:
+        budget = None
     if filler:
         chosen = replace(chosen, fillers=tuple(dict.fromkeys(filler)))
     _threads(threads)

@@ -10,7 +10,7 @@ decays for the retention ledger. Results are aggregated into cells and row summa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from agent.runtime.checkpoint import LoadedModel
 
 from agent.probes import text
-from agent.probes.engine import Answer, advance, ask
+from agent.probes.engine import Answer, advance, advance_rows, ask_rows
 from agent.probes.fillers import Filler, make_filler
 from agent.probes.ledger import capture_decays, counterfactual_trace, resume_check, retention_ledger
 from agent.probes.suites import Deadline, Plan, Speed, Suite, plan_suite
@@ -66,24 +66,31 @@ class SuiteRunner:
         rng = text.rng_of(self.seed, "warmup")
         sample = build_sample("passkey", rng, self.prompts, 0)
         ids = filler.tokens(256, rng)
-        self._ask(self.model.new_state(1), sample, rng)
+        cands = self._candidates([sample], [rng])
+        self._ask(self.model.new_state(1), [sample], cands)
         advance(self.model, self.model.new_state(1), ids[:64])
         t1 = time.perf_counter()
         _, state = advance(self.model, self.model.new_state(1), ids)
         t2 = time.perf_counter()
-        self._ask(state, sample, rng)
+        self._ask(state, [sample], cands)
         t3 = time.perf_counter()
         return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=t3 - t2, warmup_s=t3 - t0)
 
     # ---- asking -----------------------------------------------------------------------
 
-    def _ask(self, state, sample: Sample, rng) -> tuple[Answer, bool | None]:  # type: ignore[no-untyped-def]
-        cands = candidates(sample, rng, self.prompts)
-        ids = [self.prompts.answer_ids(c) for c in cands]
-        a = ask(self.model, state, sample.question, ids, cands.index(sample.answer), decode=self.loaded.tokenizer.decode,
-                answer=sample.answer, greedy_tokens=len(ids[0]) + 2, stop_ids=self.stop_ids)
-        stale = None if sample.stale is None else cands[a.pick] == sample.stale
-        return a, stale
+    def _candidates(self, samples: list[Sample], rngs: list) -> list[list[str]]:  # type: ignore[type-arg]
+        return [candidates(s, r, self.prompts) for s, r in zip(samples, rngs)]
+
+    def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None) -> list[Answer]:  # type: ignore[no-untyped-def]
+        """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given."""
+        ids = [[self.prompts.answer_ids(c) for c in cs] for cs in cands]
+        answers = ask_rows(self.model, state, [s.question for s in samples], ids,
+                           [cs.index(s.answer) for cs, s in zip(cands, samples)], decode=self.loaded.tokenizer.decode,
+                           answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 2 for i in ids],
+                           stop_ids=self.stop_ids, blank=blank is None)
+        if blank is not None:
+            answers = [replace(a, blank_logp=b.blank_logp, blank_rank=b.blank_rank) for a, b in zip(answers, blank)]
+        return answers
 
     # ---- the sweep --------------------------------------------------------------------
 
@@ -100,36 +107,41 @@ class SuiteRunner:
         distances = sorted(set(s.distances))
         top = distances[-1]
         for fname in s.fillers:
-            filler = filler_objs[fname]
             for probe in s.probes:
-                for trial in range(s.trials):
-                    ledger = trial == 0 and probe == s.probes[0]
-                    self._stream(out, s, probe, filler, trial, distances, top, deadline, ledger)
+                self._group(out, s, probe, filler_objs[fname], distances, deadline, ledger=probe == s.probes[0])
             self.log(f"{fname}: done ({time.perf_counter() - start:.1f} s)")
         self._state_metrics(out, s, filler_objs[s.fillers[0]], distances, deadline)
         self._note_missing(out, s, distances)
         return out
 
-    def _stream(self, out: Outcome, s: Suite, probe: str, filler: Filler, trial: int, distances: list[int],
-                top: int, deadline: Deadline, ledger: bool) -> None:
-        rng = _stream_rng(self.seed, s.name, probe, filler.name, trial)
-        sample = build_sample(probe, rng, self.prompts, trial)
-        fill = filler.tokens(top, text.rng_of(self.seed, s.name, filler.name, "filler", trial))
-        _, state = advance(self.model, self.model.new_state(1), sample.prefix + sample.plant)
-        pos, decays = 0, []
+    def _group(self, out: Outcome, s: Suite, probe: str, filler: Filler, distances: list[int],
+               deadline: Deadline, ledger: bool) -> None:
+        """All trials of one (probe, filler) as batch rows: the plant, then one pass over
+        the filler, asking every row at each distance. Row 0 feeds the retention ledger."""
+        trials = range(s.trials)
+        samples = [build_sample(probe, _stream_rng(self.seed, s.name, probe, filler.name, t), self.prompts, t) for t in trials]
+        fills = [filler.tokens(distances[-1], text.rng_of(self.seed, s.name, filler.name, "filler", t)) for t in trials]
+        _, state = advance_rows(self.model, self.model.new_state(len(samples)), [x.prefix + x.plant for x in samples])
+        # One candidate set per trial, shared by every distance: the distances are then paired
+        # (the curve shows memory, not distractor luck) and the blank control is asked once.
+        base = "passkey" if probe == "order" else probe
+        cands = self._candidates(samples, [text.rng_of(self.seed, s.name, base, filler.name, "candidates", t) for t in trials])
+        pos, decays, blank = 0, [], None
         for d in distances:
             if deadline.passed():
                 return
             if d > pos:
                 if ledger:
                     with capture_decays(self.model) as rec:
-                        _, state = advance(self.model, state, fill[pos:d])
+                        _, state = advance_rows(self.model, state, [f[pos:d] for f in fills])
                     decays.append(rec.take()[:, 0])
                 else:
-                    _, state = advance(self.model, state, fill[pos:d])
+                    _, state = advance_rows(self.model, state, [f[pos:d] for f in fills])
                 pos = d
-            cand_rng = text.rng_of(self.seed, s.name, "passkey" if probe == "order" else probe, filler.name, d, trial)
-            out.answers.setdefault((probe, filler.name, d), []).append(self._ask(state, sample, cand_rng))
+            answers = self._ask(state, samples, cands, blank)
+            blank = blank or answers
+            stale = [None if x.stale is None else cs[a.pick] == x.stale for a, x, cs in zip(answers, samples, cands)]
+            out.answers.setdefault((probe, filler.name, d), []).extend(zip(answers, stale))
         if ledger and decays:
             out.ledgers[filler.name] = retention_ledger(torch.cat(decays, dim=1), distances)
 

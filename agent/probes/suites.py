@@ -26,6 +26,9 @@ class Suite:
     fillers: tuple[str, ...]
     distances: tuple[int, ...]
     trials: int
+    # Seconds a run may take unless the user says otherwise (None: the whole grid, always).
+    # smoke is a fixed grid so CI output is identical run to run.
+    default_budget_s: float | None = None
 
 
 def _pow2(top: int) -> tuple[int, ...]:
@@ -39,9 +42,9 @@ def _pow2(top: int) -> tuple[int, ...]:
 SUITES: dict[str, Suite] = {
     "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("noise", "grammar"), (0, 64, 256), 4),
     "quick": Suite("quick", ("passkey", "multikey-4", "multikey-16", "update", "order"), ("noise", "grammar", "chat", "logs"),
-                   _pow2(1024), 8),
+                   _pow2(1024), 8, default_budget_s=45.0),
     "standard": Suite("standard", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
-                      ("noise", "grammar", "chat", "logs"), _pow2(8192), 16),
+                      ("noise", "grammar", "chat", "logs"), _pow2(8192), 16, default_budget_s=600.0),
     "full": Suite("full", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
                   ("noise", "grammar", "chat", "logs"), _pow2(65536), 32),
 }

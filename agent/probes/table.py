@@ -49,7 +49,7 @@ def render(report: dict[str, Any]) -> str:
                 row += f"  {d50:>6} {_num(r.get('h90')):>6} {_num(r.get('ledger_d50')):>7}  {r['spark']}"
             lines.append(row)
     lines.append("")
-    lines.append("D50: distance where accuracy above chance halves; H90: last distance holding 90% of it; "
+    lines.append("D50: distance where accuracy above chance halves ('-': no recall at distance 0); H90: last distance holding 90% of it; "
                  "ledger: slowest head's measured half-life on that filler (the state's own prediction of D50)")
     sm = report["state_metrics"]
     for fname, led in sorted((sm.get("ledger") or {}).items()):

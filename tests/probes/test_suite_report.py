@@ -55,7 +55,7 @@ def test_untrained_model_scores_at_chance_and_the_blank_control_says_so(tiny):
     assert cell["blank_top1"] == pytest.approx(cell["top1"], abs=0.1)
     s = r["summaries"][0]
     assert s["at_chance"] and not s["competent"] and s["d50"] is None
-    assert any(n.startswith("at chance everywhere") for n in r["notes"])
+    assert any(n.startswith("no recall") for n in r["notes"])
 
 
 def test_planner_fits_the_estimate_into_the_budget():
