@@ -90,3 +90,23 @@ def test_resume_check_passes(random_tiny):
     _, s, fill = _setup(random_tiny, n=300)
     r = resume_check(random_tiny.model, s.plant + fill, random_tiny.fingerprint)
     assert r["passed"] and r["max_abs_diff"] == 0.0
+
+
+def test_batched_rows_of_different_lengths_answer_as_if_asked_alone(random_tiny):
+    from agent.probes.engine import advance_rows, ask_rows
+
+    lm, m = random_tiny, random_tiny.model
+    pb = PromptBuilder(lm.tokenizer, lm.template, "chat")
+    samples = [build_sample(p, text.rng_of(p), pb, t) for t, p in enumerate(["passkey", "multikey-4", "passkey"])]
+    cands = [candidates(s, text.rng_of("c", i), pb) for i, s in enumerate(samples)]
+    ids = [[pb.answer_ids(c) for c in cs] for cs in cands]
+    assert len({len(i[0]) for i in ids}) > 1  # digits, then a word pair: ragged candidate lengths
+    _, state = advance_rows(m, m.new_state(3), [s.prefix + s.plant for s in samples])
+    together = ask_rows(m, state, [s.question for s in samples], ids, [c.index(s.answer) for c, s in zip(cands, samples)],
+                        decode=lm.tokenizer.decode, answers=[s.answer for s in samples], greedy_tokens=[6, 6, 6])
+    for s, c, i, got in zip(samples, cands, ids, together):
+        _, alone_state = advance(m, m.new_state(1), s.prefix + s.plant)
+        alone = ask(m, alone_state, s.question, i, c.index(s.answer), decode=lm.tokenizer.decode, answer=s.answer,
+                    greedy_tokens=6)
+        assert (got.rank, got.blank_rank, got.pick, got.greedy) == (alone.rank, alone.blank_rank, alone.pick, alone.greedy)
+        assert got.logp == pytest.approx(alone.logp, abs=1e-3) and got.blank_logp == pytest.approx(alone.blank_logp, abs=1e-3)
