@@ -15,6 +15,7 @@ Thread use: the TUI calls streaming methods from a worker thread; one lock seria
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -53,7 +54,8 @@ class ChatService:
     """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
-                 device: str = "cpu", options: SamplingOptions | None = None) -> None:
+                 device: str = "cpu", options: SamplingOptions | None = None,
+                 initial_state: RecurrentState | None = None) -> None:
         self.store = store
         self.lm = lm
         self.model_id = model_id
@@ -66,6 +68,18 @@ class ChatService:
         self._lease = None
         self._lock = threading.RLock()
         self._last_tps: float | None = None
+        # A learned initial state (`laplace finetune --tune state`) is part of what a stored
+        # state depends on, so it is folded into the fingerprint every snapshot records.
+        self.initial_state = initial_state
+        self.fingerprint = lm.fingerprint
+        if initial_state is not None:
+            digest = hashlib.sha256(initial_state.to_bytes(fingerprint=lm.fingerprint)).hexdigest()
+            self.fingerprint = hashlib.sha256(f"{lm.fingerprint}+initial:{digest}".encode()).hexdigest()
+
+    def _fresh_state(self) -> RecurrentState:
+        if self.initial_state is not None:
+            return self.initial_state.clone().to(self.runner.device)
+        return self.lm.model.new_state(1)
 
     # ---- session lifecycle --------------------------------------------------------------
 
@@ -101,17 +115,17 @@ class ChatService:
             self._release()
 
     def _meta(self, state: RecurrentState) -> StateMeta:
-        return StateMeta(model_fingerprint=self.lm.fingerprint, n_tokens=state.n_tokens, dtype="float32")
+        return StateMeta(model_fingerprint=self.fingerprint, n_tokens=state.n_tokens, dtype="float32")
 
     def _blob(self, state: RecurrentState) -> bytes:
-        return state.to_bytes(fingerprint=self.lm.fingerprint)
+        return state.to_bytes(fingerprint=self.fingerprint)
 
     def new_session(self, *, system: str | None = None, name: str | None = None) -> SessionView:
         with self._lock:
             system = system if system is not None else ""
             _check_text(system, "system prompt")
             ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
-            _, state = self.runner.prefill(ids, self.lm.model.new_state(1))
+            _, state = self.runner.prefill(ids, self._fresh_state())
             session = self.store.create_session(
                 model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
                 options=self._options_delta(), state=self._blob(state), state_meta=self._meta(state))
@@ -144,11 +158,12 @@ class ChatService:
             if snap is None:
                 raise StateUnusableError(
                     f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
-            data = self.store.load_state(snap, expected_fingerprint=self.lm.fingerprint)
-            state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.lm.fingerprint, device=self.runner.device)
+            data = self.store.load_state(snap, expected_fingerprint=self.fingerprint)
+            state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.fingerprint, device=self.runner.device)
         except (StateError, RuntimeStateError) as exc:
-            other = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else ""
-            raise StateUnusableError(f"{exc}{other}") from None
+            hint = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else \
+                " (if the session was started with --initial-state, pass the same file again)"
+            raise StateUnusableError(f"{exc}{hint}") from None
         state.n_tokens = snap.n_tokens
         if turn.tokens_total > snap.n_tokens:
             for ids in self.store.branch_token_ids(session.id, turn.id, after_turn_id=snap.turn_id):
@@ -161,7 +176,7 @@ class ChatService:
         with self._lock:
             session = self._require()
             head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
-            state, done = self.lm.model.new_state(1), 0
+            state, done = self._fresh_state(), 0
             for ids in self.store.branch_token_ids(session.id, head.id):
                 if cancel is not None and cancel.is_set():
                     yield ProgressEvent("rebuild cancelled", done, head.tokens_total)
@@ -313,7 +328,7 @@ class ChatService:
             if expected is None:
                 return ProbeAnswer(question, answer, None, None)
             blank_ids = self.lm.template.message(self.lm.tokenizer, "system", self._require().system_prompt, first=True)
-            _, blank = self.runner.prefill(blank_ids, self.lm.model.new_state(1))
+            _, blank = self.runner.prefill(blank_ids, self._fresh_state())
             control = self._ask_copy(blank, question, max_new_tokens)
             said, guessed = expected.strip() in answer, expected.strip() in control
             verdict = "UNDETERMINED" if guessed else "REMEMBERED" if said else "FORGOTTEN"

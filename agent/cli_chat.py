@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from agent.chat import ChatService
 
 DEFAULT_MODEL = "default"
+INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
 OPTION_HELP = "Sampling option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop."
 
 
@@ -64,7 +65,7 @@ def _progress(label: str, done: int, total: int) -> None:
 
 def open_service(*, model: Optional[str], session: Optional[str], cont: bool, device: str,
                  options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str],
-                 defer_unusable: bool = False) -> tuple["ChatService", Optional[Exception]]:
+                 defer_unusable: bool = False, initial_state: Optional[Path] = None) -> tuple["ChatService", Optional[Exception]]:
     """Resolve the model (a resumed session's own model unless -m is given), open the store,
     build the service and open or resume the session. Raises typer.Exit with a one-line error.
 
@@ -110,7 +111,19 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             opts = SamplingOptions().with_pairs(options)
         except ValueError as exc:
             raise _fail(str(exc)) from None
-        service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev), options=opts)
+        start = None
+        if initial_state is not None:
+            from agent.runtime.state import StateError as RuntimeStateError
+            from agent.train.initial_state import load_initial_state
+
+            try:
+                start = load_initial_state(initial_state, lm, device=dev)
+            except FileNotFoundError:
+                raise _fail(f"initial state {initial_state} does not exist; make one with laplace finetune --tune state") from None
+            except RuntimeStateError as exc:
+                raise _fail(f"initial state {initial_state}: {exc}") from None
+        service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
+                              options=opts, initial_state=start)
         unusable: Optional[Exception] = None
         try:
             if target is None:
@@ -183,13 +196,14 @@ def ask(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
     as_json: bool = typer.Option(False, "--json", help="Print the turn as JSON instead of streaming text."),
     rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
+    initial_state: Optional[Path] = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP),
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
     from agent.chat_types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
     service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
-                              rebuild_state=rebuild_state, system=system)
+                              rebuild_state=rebuild_state, system=system, initial_state=initial_state)
     started = finished = stats = None
     session_uid = service.session.uid if service.session else ""
     try:
@@ -251,12 +265,13 @@ def chat(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
     rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
     keymap: Optional[Path] = typer.Option(None, "--keymap", help="TOML file with a [keys] table: binding id = \"key,key\"."),
+    initial_state: Optional[Path] = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP),
 ) -> None:
     """The chat TUI: a new session, or resume one with -c / --session."""
     keys = load_keymap(keymap)
     service, unusable = open_service(model=model, session=session, cont=cont, device=device,
                                      options=parse_option_pairs(option), rebuild_state=rebuild_state,
-                                     system=system, defer_unusable=True)
+                                     system=system, defer_unusable=True, initial_state=initial_state)
     from agent.tui.factory import create_app
 
     try:

@@ -86,3 +86,25 @@ def test_ask_with_another_model_refuses_then_rebuilds(tmp_path):
     res = laplace("ask", "-c", "-m", str(other), "--rebuild-state", "-o", "max_new_tokens", "2", "x")
     assert res.exit_code == 0, res.output
     assert "replaying transcript" in res.stderr
+
+
+def test_initial_state_starts_sessions_and_guards_resume(tmp_path):
+    from agent.runtime.checkpoint import load_model, save_model_dir
+    from agent.train.initial_state import save_initial_state
+
+    lm = load_model("tiny")
+    model_dir = save_model_dir(lm, tmp_path / "m")
+    start = lm.model.new_state(1)
+    start.gla.normal_()
+    path = save_initial_state(start, tmp_path / "init.laplace-state", fingerprint=lm.fingerprint)
+    res = laplace("ask", "-m", str(model_dir), "--initial-state", str(path), "-o", "max_new_tokens", "2", "hi")
+    assert res.exit_code == 0, res.output
+    res = laplace("ask", "-c", "x")  # without the same initial state the stored state is refused
+    assert res.exit_code == 1 and "--initial-state" in res.stderr
+    res = laplace("ask", "-c", "--initial-state", str(path), "-o", "max_new_tokens", "2", "x")
+    assert res.exit_code == 0, res.output
+    res = laplace("ask", "-m", "tiny", "--initial-state", str(tmp_path / "nope"), "x")
+    assert res.exit_code == 1 and "does not exist" in res.stderr
+    other = save_initial_state(start, tmp_path / "other.laplace-state", fingerprint="f" * 64)
+    res = laplace("ask", "-m", str(model_dir), "--initial-state", str(other), "x")
+    assert res.exit_code == 1 and "written by model" in res.stderr
