@@ -104,7 +104,7 @@ def test_second_process_on_the_same_session_is_refused(tmp_path):
     try:
         other = start_ask(home, "-c", "x")
         _, err = other.communicate(timeout=60)
-        assert other.returncode == 1 and b"in use by pid" in err
+        assert other.returncode == 1 and b"in use by pid" in err, err
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
