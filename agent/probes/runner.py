@@ -25,6 +25,7 @@ from agent.probes.suites import Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
 Log = Callable[[str], None]
+WARMUP_ROWS = 8  # the warm-up batches this many rows; estimates scale linearly from it
 
 
 @dataclass
@@ -60,21 +61,25 @@ class SuiteRunner:
 
     # ---- warm-up ----------------------------------------------------------------------
 
-    def warmup(self, filler: Filler) -> Speed:
-        """Time filler tokens and one question, after one untimed pass (allocations, caches)."""
+    def warmup(self, filler: Filler, rows: int) -> Speed:
+        """Time filler tokens and one question on `rows` batch rows, after an untimed pass
+        (allocations, caches)."""
         t0 = time.perf_counter()
         rng = text.rng_of(self.seed, "warmup")
-        sample = build_sample("passkey", rng, self.prompts, 0)
+        samples = [build_sample("passkey", rng, self.prompts, t) for t in range(rows)]
+        cands = self._candidates(samples, [rng] * rows)
         ids = filler.tokens(256, rng)
-        cands = self._candidates([sample], [rng])
-        self._ask(self.model.new_state(1), [sample], cands)
-        advance(self.model, self.model.new_state(1), ids[:64])
+        blank = self._ask(self.model.new_state(rows), samples, cands)
+        advance_rows(self.model, self.model.new_state(rows), [ids[:64]] * rows)
         t1 = time.perf_counter()
-        _, state = advance(self.model, self.model.new_state(1), ids)
+        _, state = advance_rows(self.model, self.model.new_state(rows), [ids] * rows)
         t2 = time.perf_counter()
-        self._ask(state, [sample], cands)
+        self._ask(state, samples, cands, blank)
         t3 = time.perf_counter()
-        return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=t3 - t2, warmup_s=t3 - t0)
+        self._ask(state, samples, cands)
+        t4 = time.perf_counter()
+        return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=t3 - t2, s_per_blank=max(0.0, (t4 - t3) - (t3 - t2)),
+                     warmup_s=t4 - t0, rows=rows)
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -99,7 +104,7 @@ class SuiteRunner:
         filler_objs = {f: make_filler(f, self.loaded.tokenizer, self.loaded.template) for f in suite.fillers}
         for p in suite.probes:
             parse_probe(p)
-        speed = self.warmup(next(iter(filler_objs.values()))) if budget_s is not None else None
+        speed = self.warmup(next(iter(filler_objs.values())), min(suite.trials, WARMUP_ROWS)) if budget_s is not None else None
         plan = plan_suite(suite, budget_s, speed)
         s = plan.suite
         out = Outcome(s, self.seed, self.style, skipped=list(plan.skipped), plan=plan)

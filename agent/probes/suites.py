@@ -59,11 +59,14 @@ def get_suite(name: str) -> Suite:
 
 @dataclass(frozen=True)
 class Speed:
-    """Measured by the warm-up: seconds per filler token and per question asked."""
+    """Measured by the warm-up on `rows` batch rows at once (a sweep batches its trials):
+    seconds per filler token position and per question asked, for all rows together."""
 
     s_per_token: float
-    s_per_ask: float
+    s_per_ask: float  # without the blank control (a sweep asks it once per group)
     warmup_s: float
+    rows: int = 1
+    s_per_blank: float = 0.0
 
 
 @dataclass
@@ -78,12 +81,17 @@ PLANT_TOKENS = 80  # a typical prefix + plant + question length, for estimates o
 
 
 def estimate(suite: Suite, speed: Speed) -> float:
-    """Seconds for the sweep plus the state metrics (ledger, trace, resume)."""
+    """Seconds for the sweep plus the state metrics (ledger, trace, resume).
+
+    One group per (probe, filler) reads plant + filler once with all trials as rows and asks
+    at every distance. Cost is taken as linear in the rows (pessimistic for small models,
+    whose cost is mostly per call)."""
     top = max(suite.distances)
-    per_stream = (PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask
-    streams = len(suite.probes) * len(suite.fillers) * suite.trials
-    trace = 2 * (PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask
-    return streams * per_stream + trace + 2 * speed.s_per_ask
+    scale = max(suite.trials, 1) / speed.rows
+    per_group = ((PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask + speed.s_per_blank) * scale
+    groups = len(suite.probes) * len(suite.fillers)
+    trace = ((PLANT_TOKENS + top) * speed.s_per_token + len(suite.distances) * speed.s_per_ask) * max(1.0, 2 / speed.rows)
+    return groups * per_group + trace + speed.s_per_ask / speed.rows
 
 
 def plan_suite(suite: Suite, budget_s: float | None, speed: Speed | None) -> Plan:
