@@ -18,7 +18,7 @@ import torch
 from agent.runtime.checkpoint import LoadedModel
 
 from agent.probes import text
-from agent.probes.engine import Answer, advance, advance_rows, ask_rows
+from agent.probes.engine import Answer, advance_rows, ask_rows
 from agent.probes.fillers import Filler, make_filler
 from agent.probes.ledger import capture_decays, counterfactual_trace, resume_check, retention_ledger
 from agent.probes.suites import Deadline, Plan, Speed, Suite, plan_suite

@@ -1,4 +1,4 @@
-""""Does this session still remember X?": ask a copy of a saved state, with controls.
+"""Session recall check ("does this session still remember X?"): ask a copy of a saved state.
 
 Plain inputs only (state bytes, the question, the expected answer, where it was last
 mentioned), so this module never touches the database; `agent/cli_probe.py` wires it to
@@ -18,7 +18,7 @@ from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.state import RecurrentState
 
 from agent.probes import text
-from agent.probes.engine import advance, ask, greedy_answer
+from agent.probes.engine import Answer, advance, ask, greedy_answer
 from agent.probes.ledger import resting_half_lives
 from agent.probes.tasks import shaped_candidates
 
@@ -89,7 +89,7 @@ def predicted_retention(loaded: LoadedModel, tokens_since: int | None) -> dict[s
     return out
 
 
-def _verdict(a, n: int) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+def _verdict(a: Answer, n: int) -> tuple[str, str]:
     if n < MIN_CANDIDATES:
         return "UNDETERMINED", f"only {n} distractors of the same shape and token length exist"
     if a.blank_rank == 1:

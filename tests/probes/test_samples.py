@@ -89,3 +89,13 @@ def test_seeds_are_stable():
     assert text.seed_of("quick", "passkey", "noise", 64, 0) == text.seed_of("quick", "passkey", "noise", 64, 0)
     assert text.seed_of("a", 1) != text.seed_of("a", 2)
     assert text.make_value(text.rng_of(0), "hex").startswith("0x")
+
+
+def test_probes_import_only_the_runtime():
+    import subprocess
+    import sys
+
+    code = ("import sys, agent.probes.runner, agent.probes.report, agent.probes.session_check, agent.probes.plot; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sessions', 'textual', 'sqlite_utils'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
