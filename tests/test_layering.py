@@ -29,3 +29,16 @@ def test_persistence_and_shared_types_never_import_torch(module):
 def test_cli_import_is_light():
     """`laplace --help` and `laplace sessions list` must not pay torch's import time."""
     assert "torch" not in imported_after("agent.cli")
+
+
+@pytest.mark.parametrize("module", ["agent.train.loop", "agent.train.data", "agent.probes.runner", "agent.probes.suites"])
+def test_train_and_probes_import_the_runtime_only(module):
+    mods = imported_after(module)
+    assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sessions"}}
+    assert "agent.chat" not in mods and "agent.tui" not in mods
+
+
+def test_tui_never_imports_torch_or_the_store():
+    mods = imported_after("agent.tui.factory")
+    assert not {m for m in mods if m.split(".")[0] in {"torch", "sqlite_utils", "sessions"}}
+    assert not any(m.startswith("agent.runtime") or m == "agent.chat" for m in mods)
