@@ -116,7 +116,7 @@ def _round(x: float) -> float:
 def _frob(state: RecurrentState) -> Tensor:
     """||S_row0 - S_row1||_F per layer and head: [L, H]."""
     d = state.gla[:, 0] - state.gla[:, 1]
-    return d.double().pow(2).sum(dim=(-1, -2)).sqrt()
+    return d.double().pow(2).sum(dim=(-1, -2)).sqrt().cpu()  # the ledger's sums live on the CPU
 
 
 @torch.inference_mode()
