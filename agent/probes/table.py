@@ -48,6 +48,15 @@ def render(report: dict[str, Any]) -> str:
                 d50 = ("≥" + _num(max(r["distances"]))) if r.get("d50_censored") else _num(r.get("d50"))
                 row += f"  {d50:>6} {_num(r.get('h90')):>6} {_num(r.get('ledger_d50')):>7}  {r['spark']}"
             lines.append(row)
+    for f in s["fillers"]:
+        upd = [cells.get(("update", f, d)) for d in ds]
+        if any(c is not None and "stale" in c for c in upd):
+            lines.append(f"update / {f}: stale value picked " + " ".join(
+                "-" if c is None else f"{_pct(c['stale'])}%" for c in upd) + " (by distance)")
+        r = summaries.get(("order", f))
+        if r is not None and r.get("gap_vs_passkey"):
+            lines.append(f"order  / {f}: question-first minus question-last top-1 " + " ".join(
+                f"{100 * r['gap_vs_passkey'][str(d)]:+.0f}" if str(d) in r["gap_vs_passkey"] else "-" for d in ds) + " points")
     lines.append("")
     lines.append("D50: distance where accuracy above chance halves ('-': no recall at distance 0); H90: last distance holding 90% of it; "
                  "ledger: slowest head's measured half-life on that filler (the state's own prediction of D50)")
