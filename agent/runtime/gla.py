@@ -81,7 +81,7 @@ def gla_chunked(
     k = v = 0 and g = 0 (no write, no decay), which leaves the state exactly unchanged.
     The loop over chunks is plain Python over static shapes, so a compiler unrolls it."""
     B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
-    C = chunk_size
+    C = max(1, min(chunk_size, T))  # a short input is one chunk of its own length, not padded to 128
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
     # [B, T, H, D] -> [B, H, T, D] in fp32.
