@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.model import LaplaceModel, build_model
+from agent.runtime.state import tensor_bytes
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
 MODEL_FORMAT = "laplace-model"
@@ -63,7 +64,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(t))
     return h.hexdigest()
 
 

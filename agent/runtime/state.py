@@ -12,6 +12,7 @@ error class and a message that says how to recover.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -183,13 +184,23 @@ def read_state_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in meta.items()}
 
 
+def tensor_bytes(t: Tensor) -> bytes:
+    """The raw bytes of a tensor (moved to CPU and made contiguous first). numpy is not a
+    dependency, so this reads the memory through ctypes while `t` is alive, and copies."""
+    t = t.detach().to("cpu").contiguous()
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return b""
+    return bytes((ctypes.c_ubyte * n).from_address(t.data_ptr()))
+
+
 def _safetensors_bytes(tensors: dict[str, Tensor], meta: dict[str, str]) -> bytes:
     """The safetensors layout, written with sorted keys so equal states give equal bytes
     (the library's own writer orders metadata arbitrarily)."""
     header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}
     offset, payload = 0, []
     for name in sorted(tensors):
-        raw = tensors[name].numpy().tobytes()
+        raw = tensor_bytes(tensors[name])
         header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
         payload.append(raw)
         offset += len(raw)
@@ -202,5 +213,5 @@ def _checksum(gla: Tensor, conv: Tensor) -> str:
     h = hashlib.sha256()
     for t in (gla, conv):
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(t))
     return h.hexdigest()

@@ -25,6 +25,7 @@ from torch import nn
 from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, save_model_dir
 from agent.runtime.device import has_fast_bf16, parse_dtype, resolve_device
 from agent.runtime.model import build_model
+from agent.runtime.state import tensor_bytes
 from agent.train import checkpoint as ckpt
 from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
@@ -96,7 +97,7 @@ class Trainer:
         self.data_report = report
         pad = pad_token(base.tokenizer)
         self.data = pack(docs, self.seq_len, pad)
-        self.data_digest = hashlib.sha256(self.data.tokens.numpy().tobytes()).hexdigest()
+        self.data_digest = hashlib.sha256(tensor_bytes(self.data.tokens)).hexdigest()
         self.eval_data: PackedData | None = None
         if cfg.eval:
             eval_docs, _ = load_documents(list(cfg.eval), base.tokenizer, base.template, on_bad=cfg.on_bad)
