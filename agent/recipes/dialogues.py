@@ -1,0 +1,355 @@
+"""Seeded synthetic dialogues: dense recall drills inside ordinary chat.
+
+One dialogue is a list of chat messages (system, user, assistant, document) laid out to
+exactly `length` tokens, so that the trainer's packer (stride = sequence length) puts each
+dialogue in its own row and no question ever refers to a fact in another row. Inside it:
+
+- facts planted in passing (codes for things, the user's own details), acknowledged,
+  sometimes several at once, sometimes inside a message about something else;
+- questions about them after a scheduled gap (`gap` tokens, drawn per fact), answered
+  verbatim; the latest value after an update; "You haven't told me ..." for a fact that
+  was never stated;
+- unrelated chat between them: small talk and answers drawn from the standard library's
+  docstrings, attached documents with facts inside, a system prompt that names the
+  assistant.
+
+Many facts and questions per row keep the recall signal dense; the gap range is the
+curriculum knob (short first, longer once short-range recall works), while the number of
+questions per token stays about constant.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent.recipes.corpus import Passage, sentences
+from agent.recipes.vocab import World
+
+Message = dict[str, str]
+Counter = Callable[[Message], int]
+
+SYLLABLES = ("ka", "lo", "mi", "ren", "to", "sa", "vin", "do", "pe", "ra", "zu", "ne", "bo", "li", "tam", "fe")
+SMALL_TALK = (
+    ("How are you today?", "I am doing well, thank you. How can I help you today?"),
+    ("Thanks for the help.", "You are welcome. Let me know if you need anything else."),
+    ("Can you give me a tip for sleeping better?", "Try to go to bed at the same time every night, and keep your room cool and dark."),
+    ("What should I cook for dinner?", "A simple pasta with vegetables is quick to make and easy to change to your taste."),
+    ("I feel a bit tired.", "That happens. A short walk, a glass of water or a small break can help."),
+    ("How do I stay focused while working?", "Work in short blocks, put your phone away, and take a short break between blocks."),
+    ("Any advice for a long flight?", "Drink water, stand up and stretch now and then, and bring something to read."),
+    ("What is a good way to learn a language?", "Practice a little every day, read simple texts, and speak with other people when you can."),
+    ("How do I keep my plants alive?", "Give them light, water them when the soil is dry, and do not let water stand in the pot."),
+    ("Should I write tests for my code?", "Yes. Small tests catch mistakes early and make it safer to change the code later."),
+    ("What is a list in Python?", "A list is an ordered collection of items. You can add, remove and change items in it."),
+    ("What does a dictionary do?", "A dictionary maps keys to values, so you can look up a value by its key quickly."),
+    ("How do I read a file in Python?", "Open it with open(), then call read() on the file object, or loop over its lines."),
+    ("What is a function?", "A function is a named block of code that takes inputs, does some work and can return a result."),
+    ("Why is my program slow?", "Measure first. Find the part that takes the most time, then make that part faster."),
+    ("What is version control?", "Version control keeps the history of your files, so you can see changes and go back to older versions."),
+    ("Tell me a fun fact.", "Octopuses have three hearts, and their blood is blue."),
+    ("What is the weather like?", "I cannot see the weather, but a weather app or a window will tell you."),
+    ("Can you help me plan my week?", "Sure. List your tasks, pick the three most important ones, and give each a day."),
+    ("What is a good habit to start?", "A short walk every day is easy to start and good for both body and mind."),
+    ("How do I make a good cup of tea?", "Use fresh water, let it steep for three to five minutes, and do not let it get too strong."),
+    ("I have a meeting soon.", "Good luck with your meeting. Write down the main points you want to make."),
+    ("What is an error message?", "An error message tells you what went wrong and often where, so read it from the last line up."),
+    ("How do I sort a list?", "Call sorted() on the list to get a new sorted list, or call its sort() method to sort it in place."),
+)
+HELDOUT_SMALL_TALK = (
+    ("Good morning! Anything new?", "Good morning. Nothing new on my side. What would you like to talk about?"),
+    ("Do you like music?", "I do not listen to music, but I can talk about it with you."),
+    ("How do I start running?", "Start slowly, with short runs and walks mixed together, and add a little more each week."),
+    ("What is a loop in programming?", "A loop runs the same block of code many times, once for each item or until a condition is false."),
+    ("Can you suggest a weekend activity?", "A walk in a park, a visit to a museum or cooking something new are all good choices."),
+    ("What is a variable?", "A variable is a name that refers to a value, so you can use and change the value later."),
+)
+TOPIC_QUESTIONS = ("Tell me about {thing}.", "What does {thing} do?", "Can you explain {thing}?", "What is {thing}?")
+HELDOUT_TOPIC_QUESTIONS = ("Give me a short summary of {thing}.", "I am curious about {thing}. What is it?")
+
+
+def make_value(rng: random.Random, kind: str, world: World) -> str:
+    if kind == "num5":
+        return str(rng.randint(10000, 99999))
+    if kind == "num4":
+        return str(rng.randint(1000, 9999))
+    if kind == "num3":
+        return str(rng.randint(100, 999))
+    if kind == "num2":
+        return str(rng.randint(2, 99))
+    if kind == "hex":
+        return "0x" + "".join(rng.choice("0123456789abcdef") for _ in range(6))
+    if kind == "person":
+        return rng.choice(world.people)
+    if kind == "color":
+        return rng.choice(world.colors)
+    if kind in ("food", "fruit"):
+        return rng.choice(world.foods)
+    if kind == "place":
+        return rng.choice(world.places)
+    if kind == "date":
+        return f"{rng.choice(world.months)} {rng.randint(1, 28)}"
+    if kind == "flight":
+        return f"{rng.choice('ABDKLU')}{rng.choice('AXZY')} {rng.randint(100, 9999)}"
+    if kind == "word":
+        return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+    raise ValueError(kind)
+
+
+def code_value(rng: random.Random, world: World) -> str:
+    r = rng.random()
+    if r < 0.65:
+        return make_value(rng, "num5", world)
+    if r < 0.8:
+        return make_value(rng, "hex", world)
+    if r < 0.9:
+        return make_value(rng, "num4", world)
+    return f"{rng.choice(world.thing_adj)} {rng.choice(world.thing_noun)}"
+
+
+@dataclass
+class Fact:
+    """A fact the user can state: a code for a thing, or one of the user's own details."""
+
+    kind: str  # "code" | "slot"
+    attr: str  # code attr or slot phrase
+    thing: str  # "" for slots
+    value_kind: str
+    value: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.attr, self.thing)
+
+    def statement(self, rng: random.Random, world: World, update: bool = False) -> str:
+        if self.kind == "code":
+            t = rng.choice(world.update_code if update else world.code_statements)
+            return t.format(attr=self.attr, thing=self.thing, value=self.value)
+        t = rng.choice(world.update_slot if update else world.slot_statements)
+        return t.format(slot=self.attr, value=self.value)
+
+    def question(self, rng: random.Random, world: World) -> str:
+        if self.kind == "code":
+            return rng.choice(world.code_questions).format(attr=self.attr, thing=self.thing)
+        return rng.choice(world.slot_questions).format(slot=self.attr)
+
+    def answer(self) -> str:
+        if self.kind == "code":
+            return f"The {self.attr} for the {self.thing} is {self.value}."
+        return f"Your {self.attr} is {self.value}."
+
+    def not_told(self) -> str:
+        if self.kind == "code":
+            return f"You haven't told me the {self.attr} for the {self.thing}."
+        return f"You haven't told me your {self.attr}."
+
+
+def new_fact(rng: random.Random, world: World, taken: set[tuple[str, str]]) -> Fact:
+    for _ in range(100):
+        if rng.random() < 0.6:
+            f = Fact("code", rng.choice(world.code_attrs), f"{rng.choice(world.thing_adj)} {rng.choice(world.thing_noun)}", "code")
+        else:
+            slot, vk = rng.choice(world.slots)
+            f = Fact("slot", slot, "", vk)
+        if f.key not in taken:
+            f.value = code_value(rng, world) if f.kind == "code" else make_value(rng, f.value_kind, world)
+            return f
+    raise RuntimeError("no free fact key")
+
+
+@dataclass
+class Live:
+    fact: Fact
+    due: int  # token position after which the question is asked
+    stale: str | None = None
+
+
+@dataclass
+class DialogueSpec:
+    """Shape of one dialogue: its exact token length and the gap range of its questions."""
+
+    length: int
+    gap_min: int
+    gap_max: int
+    max_live: int = 6
+    doc_prob: float = 0.08
+
+
+@dataclass
+class Builder:
+    """Builds dialogues for one world from a seeded rng; `count` gives a message's tokens."""
+
+    world: World
+    passages: list[Passage]
+    count: Counter
+    pad_words: tuple[str, ...] = ()  # single-token words used to hit the exact length
+    heldout: bool = False
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def _bump(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    # ---- unrelated chat ---------------------------------------------------------------
+
+    def _passage_reply(self, rng: random.Random, max_words: int = 60) -> tuple[str, str]:
+        p = rng.choice(self.passages)
+        subject = f"the {p.module} module" if p.name == "module" else f"{p.name} in {p.module}"
+        sents = sentences(p.text) or [p.text]
+        out: list[str] = []
+        for s in sents:
+            if out and len(" ".join(out + [s]).split()) > max_words:
+                break
+            out.append(s)
+        reply = " ".join(out)
+        words = reply.split()
+        if len(words) > max_words:
+            reply = " ".join(words[:max_words]).rstrip(",;:") + "."
+        return subject, reply
+
+    def filler(self, rng: random.Random) -> list[Message]:
+        talk = HELDOUT_SMALL_TALK if self.heldout else SMALL_TALK
+        topics = HELDOUT_TOPIC_QUESTIONS if self.heldout else TOPIC_QUESTIONS
+        if rng.random() < 0.4:
+            u, a = rng.choice(talk)
+            return [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        subject, reply = self._passage_reply(rng)
+        return [{"role": "user", "content": rng.choice(topics).format(thing=subject)}, {"role": "assistant", "content": reply}]
+
+    def document(self, rng: random.Random, facts: list[Fact]) -> Message:
+        p = rng.choice(self.passages)
+        sents = sentences(p.text)[:6] or [p.text]
+        for f in facts:
+            sents.insert(rng.randrange(len(sents) + 1), f.statement(rng, self.world))
+        name = f"{p.module.replace('.', '_')}_{rng.randint(1, 99)}.txt"
+        return {"role": "document", "content": f"{name}\n\n" + " ".join(sents)}
+
+    def system(self, rng: random.Random) -> tuple[Message, str | None]:
+        r = rng.random()
+        if r < 0.3:
+            return {"role": "system", "content": ""}, None
+        if r < 0.6:
+            return {"role": "system", "content": "You are a helpful assistant."}, None
+        name = rng.choice(self.world.people)
+        return {"role": "system", "content": f"You are {name}, a friendly assistant."}, name
+
+    # ---- the dialogue -----------------------------------------------------------------
+
+    def dialogue(self, rng: random.Random, spec: DialogueSpec) -> list[Message]:
+        w = self.world
+        sys_msg, own_name = self.system(rng)
+        msgs: list[Message] = [sys_msg]
+        pos = self.count(sys_msg) + 1  # + BOS
+        live: list[Live] = []
+        taken: set[tuple[str, str]] = set()
+        asked_name = False
+
+        def fits(new: list[Message]) -> bool:
+            return pos + sum(self.count(m) for m in new) <= spec.length - 4
+
+        for _ in range(400):
+            due = [lv for lv in live if lv.due <= pos]
+            r = rng.random()
+            kind = "filler"
+            if due:
+                kind = "ask"
+            elif r < 0.40 and len(live) < spec.max_live:
+                kind = "plant"
+            elif r < 0.50:
+                kind = "never"
+            elif r < 0.58 and live:
+                kind = "update"
+            elif r < 0.58 + spec.doc_prob and len(live) < spec.max_live:
+                kind = "doc"
+            elif r < 0.62 and not asked_name:
+                kind = "name"
+            new: list[Message]
+            if kind == "ask":
+                lv = due[0]
+                new = [{"role": "user", "content": lv.fact.question(rng, w)}, {"role": "assistant", "content": lv.fact.answer()}]
+            elif kind == "plant":
+                n = 1 if rng.random() < 0.7 else rng.randint(2, 3)
+                facts = []
+                for _ in range(min(n, spec.max_live - len(live))):
+                    f = new_fact(rng, w, taken)
+                    taken.add(f.key)
+                    facts.append(f)
+                body = " ".join(f.statement(rng, w) for f in facts)
+                if rng.random() < 0.3:  # in passing, inside a message about something else
+                    extra = self.filler(rng)
+                    new = [{"role": "user", "content": body + " " + extra[0]["content"]}, extra[1]]
+                else:
+                    new = [{"role": "user", "content": body}, {"role": "assistant", "content": rng.choice(w.acks)}]
+            elif kind == "doc":
+                facts = []
+                for _ in range(rng.randint(1, 2)):
+                    f = new_fact(rng, w, taken)
+                    f.kind, f.value_kind = "code", "code"
+                    f.attr = rng.choice(w.code_attrs)
+                    f.thing = f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}"
+                    f.value = code_value(rng, w)
+                    if f.key in taken:
+                        continue
+                    taken.add(f.key)
+                    facts.append(f)
+                new = [self.document(rng, facts)]
+            elif kind == "never":
+                f = new_fact(rng, w, taken)
+                new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told()}]
+            elif kind == "update":
+                lv = rng.choice(live)
+                old = lv.fact.value
+                while lv.fact.value == old:
+                    lv.fact.value = code_value(rng, w) if lv.fact.kind == "code" else make_value(rng, lv.fact.value_kind, w)
+                new = [{"role": "user", "content": lv.fact.statement(rng, w, update=True)},
+                       {"role": "assistant", "content": rng.choice(w.update_acks)}]
+            elif kind == "name":
+                reply = f"My name is {own_name}." if own_name else "My name is Laplace."
+                new = [{"role": "user", "content": rng.choice(("What is your name?", "Who are you?"))},
+                       {"role": "assistant", "content": reply}]
+            else:
+                new = self.filler(rng)
+            if not fits(new):
+                if kind == "ask":
+                    break
+                new = self.filler(rng)
+                if not fits(new):
+                    break
+            # bookkeeping only for what is actually added
+            if kind == "ask":
+                live.remove(due[0])
+                self._bump("questions")
+                if rng.random() < 0.25:  # asked again later: the same fact at a longer gap
+                    live.append(Live(due[0].fact, pos + rng.randint(spec.gap_min, spec.gap_max)))
+            elif kind in ("plant", "doc"):
+                for f in facts:
+                    live.append(Live(f, pos + rng.randint(spec.gap_min, spec.gap_max)))
+                self._bump("facts", len(facts))
+            elif kind == "never":
+                self._bump("never")
+            elif kind == "update":
+                self._bump("updates")
+                lv.due = max(lv.due, pos + rng.randint(spec.gap_min // 2, spec.gap_max // 2))
+            elif kind == "name":
+                asked_name = True
+            msgs += new
+            pos += sum(self.count(m) for m in new)
+        msgs.append(self._pad(rng, spec.length - pos))
+        return msgs
+
+    def _pad(self, rng: random.Random, n: int) -> Message:
+        """A closing user message of exactly `n` tokens (its tokens are never targets)."""
+        words = ["Okay"]
+        msg = {"role": "user", "content": "Okay"}
+        while self.count(msg) < n:
+            words.append(rng.choice(self.pad_words) if self.pad_words else "ok")
+            msg = {"role": "user", "content": " ".join(words)}
+        if self.count(msg) > n:  # a tokenizer without 1-token words (byte-level): add dots
+            words = ["Okay"]
+            msg = {"role": "user", "content": "Okay"}
+            while self.count(msg) < n:
+                words[-1] += "."
+                msg = {"role": "user", "content": " ".join(words)}
+        if self.count(msg) != n:
+            raise RuntimeError(f"cannot pad a dialogue to exactly {n} more tokens (got {self.count(msg)})")
+        return msg

@@ -1,0 +1,99 @@
+"""Word lists and phrasings for the synthetic dialogues, in two disjoint worlds.
+
+`TRAIN` builds the training dialogues; `HELDOUT` builds the evaluation dialogues. They
+share only the answer shapes the model must produce ("The code for the X is V.", "Your
+sister's name is V.", "You haven't told me ...") and differ in every key word, name,
+statement phrasing and question phrasing, so an evaluation score is recall of a new
+fact in a new wording, not a memorized template. Neither world uses the probe suite's
+adjective/noun key lists (agent/probes/text.py), so `laplace probe run` keys are unseen too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _w(s: str) -> tuple[str, ...]:
+    return tuple(s.split())
+
+
+@dataclass(frozen=True)
+class World:
+    name: str
+    thing_adj: tuple[str, ...]
+    thing_noun: tuple[str, ...]
+    code_attrs: tuple[str, ...]  # "code", "pin", ...: "the {attr} for the {thing}"
+    people: tuple[str, ...]
+    # (slot phrase, value kind): "my {slot}" / "your {slot}"
+    slots: tuple[tuple[str, str], ...]
+    code_statements: tuple[str, ...]  # {attr} {thing} {value}
+    slot_statements: tuple[str, ...]  # {slot} {value}
+    code_questions: tuple[str, ...]  # {attr} {thing}
+    slot_questions: tuple[str, ...]  # {slot}
+    update_code: tuple[str, ...]
+    update_slot: tuple[str, ...]
+    acks: tuple[str, ...]
+    update_acks: tuple[str, ...]
+    places: tuple[str, ...]
+    foods: tuple[str, ...]
+    colors: tuple[str, ...]
+    months: tuple[str, ...]
+
+
+TRAIN = World(
+    name="train",
+    thing_adj=_w("red blue green black white brown yellow orange pink grey small big old new front back side main upper lower "
+                 "north south east west spare office garage kitchen basement attic guest studio lab"),
+    thing_noun=_w("door fridge safe bike car van box printer laptop server router cabinet mailbox scooter storage alarm "
+                  "phone tablet account wallet suitcase padlock shed freezer boat trailer desk office room"),
+    code_attrs=("code", "pin", "number", "password", "combination", "access code"),
+    people=_w("Alice Ben Clara David Emma Frank Grace Henry Irene Jack Laura Mark Nora Oscar Paula Ryan Sara Tom Uma Victor "
+              "Wendy Yusuf Zoe Leo Mia Noah Eva Liam Ava Ethan Lily Max Ruby Sam Tara Owen Iris Kai Nina Pete"),
+    slots=(("sister's name", "person"), ("brother's name", "person"), ("dog's name", "person"), ("cat's name", "person"),
+           ("boss's name", "person"), ("doctor's name", "person"), ("best friend's name", "person"),
+           ("favorite color", "color"), ("favorite food", "food"), ("home town", "place"), ("room number", "num3"),
+           ("locker number", "num3"), ("flight number", "flight"), ("birthday", "date"), ("dentist appointment", "date"),
+           ("zip code", "num5"), ("phone extension", "num4"), ("wifi password", "word"), ("car's color", "color"),
+           ("train platform", "num2"), ("hotel", "place"), ("order number", "num5"), ("badge number", "num5"),
+           ("project name", "word"), ("lucky number", "num2")),
+    code_statements=("The {attr} for the {thing} is {value}.", "By the way, the {attr} for the {thing} is {value}.",
+                     "Please remember that the {attr} for the {thing} is {value}.", "Note: the {attr} for the {thing} is {value}.",
+                     "Just so you know, the {attr} for the {thing} is {value}.", "Remember this: the {attr} for the {thing} is {value}."),
+    slot_statements=("My {slot} is {value}.", "By the way, my {slot} is {value}.", "Please remember that my {slot} is {value}.",
+                     "Just so you know, my {slot} is {value}.", "Oh, and my {slot} is {value}."),
+    code_questions=("What is the {attr} for the {thing}?", "Do you remember the {attr} for the {thing}?",
+                    "What was the {attr} for the {thing}?", "Tell me the {attr} for the {thing}."),
+    slot_questions=("What is my {slot}?", "Do you remember my {slot}?", "What was my {slot} again?", "Tell me my {slot}."),
+    update_code=("Update: the {attr} for the {thing} is now {value}.", "Actually, the {attr} for the {thing} changed to {value}."),
+    update_slot=("Update: my {slot} is now {value}.", "Actually, my {slot} changed to {value}."),
+    acks=("Noted.", "Got it.", "Okay, I will remember that.", "Noted, thanks."),
+    update_acks=("Got it, I updated it.", "Noted, I will use the new one."),
+    places=_w("Boston Denver Austin Oslo Lisbon Dublin Madrid Prague Vienna Zurich Seattle Chicago Toronto Sydney Milan Porto"),
+    foods=("pasta", "sushi", "tacos", "curry", "pizza", "soup", "salad", "pancakes", "rice", "noodles"),
+    colors=_w("red blue green yellow purple orange black white teal pink"),
+    months=_w("January February March April May June July August September October November December"),
+)
+
+HELDOUT = World(
+    name="heldout",
+    thing_adj=_w("rear cellar porch loft workshop harbor pantry corner hallway roof"),
+    thing_noun=_w("closet terminal kiosk scanner toolbox hangar bin console greenhouse pod"),
+    code_attrs=("code", "pin", "key number"),
+    people=_w("Greta Hugo Ines Jonas Katya Lars Marta Nico Olga Pavel Rhea Stefan Thea Ulf Vera Willa"),
+    slots=(("uncle's name", "person"), ("neighbor's name", "person"), ("parrot's name", "person"), ("favorite fruit", "fruit"),
+           ("gate number", "num2"), ("seat number", "num3"), ("membership number", "num5"), ("anniversary", "date"),
+           ("favorite city", "place"), ("desk number", "num3")),
+    code_statements=("For the record, the {attr} for the {thing} is {value}.", "Keep in mind the {attr} for the {thing} is {value}.",
+                     "I set the {attr} for the {thing} to {value}."),
+    slot_statements=("For the record, my {slot} is {value}.", "Keep in mind my {slot} is {value}.", "I should mention my {slot} is {value}."),
+    code_questions=("Which {attr} did I give you for the {thing}?", "Can you recall the {attr} for the {thing}?"),
+    slot_questions=("Which {slot} did I mention?", "Can you recall my {slot}?"),
+    update_code=("Correction: the {attr} for the {thing} is {value} from now on.",),
+    update_slot=("Correction: my {slot} is {value} from now on.",),
+    acks=("Okay.", "Understood."),
+    update_acks=("Understood, corrected.",),
+    places=_w("Kyoto Bergen Tallinn Ghent Krakow Seville Bordeaux Cork"),
+    foods=("plum", "mango", "apricot", "fig", "cherry", "kiwi"),
+    colors=_w("navy olive maroon beige"),
+    months=_w("January March May July September November"),
+)

@@ -1,0 +1,98 @@
+"""The default model's data builder: seeded, exact row lengths, held out for real."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from agent.probes import text as probe_text
+from agent.recipes import data as rdata
+from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages
+from agent.recipes.dialogues import DialogueSpec
+from agent.recipes.vocab import HELDOUT, TRAIN
+from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+from agent.train.data import load_documents, pack
+
+PASSAGES = [
+    Passage("alpha", "module", "The alpha module reads files. It returns the lines it found in them."),
+    Passage("beta", "Thing", "A thing that holds values. Values are kept in the order they were given."),
+]
+
+
+def _words(world) -> set[str]:  # type: ignore[no-untyped-def]
+    return set(world.thing_adj) | set(world.thing_noun) | set(world.people)
+
+
+def test_worlds_share_no_keys_names_or_phrasings() -> None:
+    assert not _words(TRAIN) & _words(HELDOUT)
+    assert not {s for s, _ in TRAIN.slots} & {s for s, _ in HELDOUT.slots}
+    for field in ("code_statements", "slot_statements", "code_questions", "slot_questions", "update_code", "update_slot", "acks"):
+        assert not set(getattr(TRAIN, field)) & set(getattr(HELDOUT, field)), field
+
+
+def test_training_keys_avoid_the_probe_suites_key_words() -> None:
+    probe = set(probe_text.ADJECTIVES) | set(probe_text.NOUNS)
+    assert not (set(TRAIN.thing_adj) | set(TRAIN.thing_noun)) & probe
+
+
+@pytest.mark.parametrize("length", [256, 512])
+def test_dialogues_are_exact_rows_and_seeded(length: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    spec = DialogueSpec(length=length, gap_min=0, gap_max=length // 2)
+    paths = []
+    for i in range(2):
+        b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
+        p = tmp_path / f"d{i}.jsonl"
+        n = rdata.write_dialogues(p, b, random.Random(7), spec, 6, tok, template)
+        assert n == 6 * length
+        paths.append(p)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    docs, _ = load_documents([paths[0]], tok, template)
+    assert all(len(d.ids) == length for d in docs)
+    packed = pack(docs, length, 0)
+    # Each row is one whole dialogue: it starts with BOS, so no question crosses rows.
+    assert bool((packed.tokens[:, 0] == tok.token_id("<|bos|>")).all())
+
+
+def test_questions_are_answered_with_the_latest_value_or_not_told() -> None:
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
+    rng = random.Random(3)
+    answers = 0
+    for _ in range(20):
+        msgs = b.dialogue(rng, DialogueSpec(length=512, gap_min=0, gap_max=200))
+        said: dict[str, str] = {}
+        for m in msgs:
+            if m["role"] in ("user", "document"):
+                for key, value in re.findall(r"[Tt]he ([a-z ]+? for the [a-z ]+?) (?:is now|is|changed to) ([0-9a-zA-Z ]+?)\.", m["content"]):
+                    said[key] = value
+            elif m["role"] == "assistant":
+                hit = re.match(r"The ([a-z ]+? for the [a-z ]+?) is (.+)\.$", m["content"])
+                if hit:
+                    assert said.get(hit.group(1)) == hit.group(2), (hit.group(1), said)
+                    answers += 1
+                miss = re.match(r"You haven't told me the ([a-z ]+? for the [a-z ]+?)\.$", m["content"])
+                if miss:
+                    assert miss.group(1) not in said
+    assert answers > 10
+
+
+def test_stdlib_corpus_split_is_by_module() -> None:
+    passages = read_passages()
+    train, held = split_passages(passages)
+    assert len(train) > 1000 and len(held) > 50
+    assert not {p.module for p in train} & {p.module for p in held}
+    assert all(is_heldout(p.module) for p in held)
+
+
+def test_tokenizer_is_seeded_and_has_chat_tokens() -> None:
+    a = rdata.train_tokenizer(PASSAGES * 20, seed=1, vocab_size=400)
+    b = rdata.train_tokenizer(PASSAGES * 20, seed=1, vocab_size=400)
+    assert a.digest() == b.digest()
+    assert a.token_id("<|bos|>") == 0 and a.token_id("<|document|>") == 5
+    assert len(a.encode(" 48213")) == 6  # a space, then one token per digit
+    assert a.decode(a.encode("The code for the red door is 48213.")) == "The code for the red door is 48213."
+    json.loads(a.to_json())
