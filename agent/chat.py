@@ -19,21 +19,20 @@ import hashlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
-from agent.chat_docs import read_document, fold_document
+from agent.chat_browse import SessionBrowsing, guarded
+from agent.chat_docs import fold_document, read_document
 from agent.chat_types import (
     ChatError,
     ChatEvent,
     ProbeAnswer,
     ProgressEvent,
-    SearchHit,
     SessionView,
     StateUnusableError,
     StatsEvent,
-    StatusView,
     TokenEvent,
     TurnFinished,
     TurnStarted,
@@ -50,7 +49,7 @@ FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
 HEARTBEAT_EVERY_S = 5.0
 
 
-class ChatService:
+class ChatService(SessionBrowsing):
     """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
@@ -376,64 +375,7 @@ class ChatService:
         base, cur = SamplingOptions().to_dict(), self.options.to_dict()
         return {k: v for k, v in cur.items() if v != base[k] and k != "stop"}
 
-    def list_sessions(self) -> list[SessionView]:
-        return [self._view(s.session, s) for s in self.store.list_sessions()]
-
-    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
-        return [SearchHit(h.session_uid, h.session_name or h.session_uid[:8], h.turn_id, h.role, h.snippet)
-                for h in self.store.search(query, limit=limit)]
-
-    def delete_session(self, uid_prefix: str) -> None:
-        with self._lock:
-            target = self._guard(lambda: self.store.get_session(uid_prefix))
-            if self._session is not None and target.id == self._session.id:
-                self._release()
-                self._session, self._state = None, None
-            self._guard(lambda: self.store.delete_session(target.id))
-
-    def export(self, fmt: Literal["markdown", "json"], path: Path | None = None) -> Path:
-        import json
-
-        session = self._require()
-        suffix = "md" if fmt == "markdown" else "json"
-        out = Path(path) if path else Path.cwd() / f"laplace-{session.uid[:8]}.{suffix}"
-        body = self.store.export_markdown(session.id) if fmt == "markdown" else json.dumps(self.store.export_json(session.id), indent=2)
-        out.write_text(body, encoding="utf-8")
-        return out
-
-    # ---- views --------------------------------------------------------------------------
-
-    def status(self) -> StatusView:
-        state = self._state
-        n = state.n_tokens if state is not None else 0
-        s = self._session
-        return StatusView(model=self.model_id, device=self.device, session_uid=s.uid if s else None,
-                          session_name=(s.name or s.uid[:8]) if s else "", tokens_folded=n,
-                          state_bytes=self.lm.config.state_bytes(), kv_cache_bytes=self.lm.config.kv_cache_bytes(n),
-                          last_tokens_per_s=self._last_tps)
-
-    def tail(self, limit: int = 50) -> list[TurnView]:
-        return [self._turn_view(t) for t in self.store.tail(self._require().id, limit)]
-
-    def page_before(self, turn_id: int, limit: int = 50) -> list[TurnView]:
-        return [self._turn_view(t) for t in self.store.page_before(self._require().id, turn_id, limit)]
-
-    def _turn_view(self, t: Turn) -> TurnView:
-        sibs = self.store.siblings(t.id) if t.role in ("assistant", "user") else [t]
-        index = next((i for i, s in enumerate(sibs) if s.id == t.id), 0)
-        return TurnView(t.id, t.role, t.content, t.status, t.parent_id, t.n_tokens, index, len(sibs))
-
-    def _view(self, s: Session, summary=None) -> SessionView:
-        summary = summary or self.store.summary(s.id)
-        return SessionView(s.uid, s.name or s.uid[:8], s.model_id, s.system_prompt, summary.turns,
-                           summary.tokens_folded, summary.state_bytes, s.updated_at, s.archived)
-
-    @staticmethod
-    def _guard(fn):
-        try:
-            return fn()
-        except SessionError as exc:
-            raise ChatError(str(exc)) from None
+    _guard = staticmethod(guarded)
 
 
 def _check_text(text: str, what: str) -> None:
