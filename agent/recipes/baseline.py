@@ -69,3 +69,18 @@ def run_baseline(work: Path, *, seed: int = 0, threads: int = 2) -> dict[str, An
     (work / "baseline.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     log(f"baseline: {result}")
     return result
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Train the softmax baseline on the recipe's first-stage rows (needs a finished gate checkpoint).")
+    ap.add_argument("--work", default="/tmp/laplace-default-build")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    run_baseline(Path(a.work), seed=a.seed, threads=a.threads)
+
+
+if __name__ == "__main__":
+    main()

@@ -38,7 +38,7 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.model import build_model
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer
 from agent.train.config import TrainConfig
-from agent.train.loop import Trainer
+from agent.recipes.weighted import WeightedTrainer
 
 VOCAB = 3072
 DEFAULT_CONFIG = LaplaceConfig(
@@ -55,7 +55,11 @@ STAGES: list[tuple[int, int, int, int]] = [
     (2048, 64, 1900, 250),
 ]
 GATE = 0.5  # recall at distance <= 128 needed before the dialogues lengthen
-MAX_REPEATS = 2
+MAX_REPEATS = 3
+DRILL_STEPS = 150  # one dense-drill block after a no-go
+ANSWER_WEIGHT = 4.0  # loss weight of recall answers after the second no-go
+# The no-go drill: rows of 256, short gaps, many live facts, little unrelated text.
+DRILL = dict(gap_min=0, gap_max=96, max_live=8, plant_prob=0.6, filler_words=20, small_talk=0.8, doc_prob=0.04, name_prob=0.02)
 
 
 def log(msg: str) -> None:
@@ -67,11 +71,16 @@ def _max_live(length: int) -> int:
 
 
 def stage_data(work: Path, seed: int, stage: int, passages: list[Passage], tok: Tokenizer, template: ChatTemplate,
-               steps: int) -> tuple[Path, dict]:
+               steps: int, drill: bool = False) -> tuple[Path, dict]:
     length, gmin, gmax, _ = STAGES[stage]
-    folder = work / f"stage{stage}"
+    folder = work / (f"stage{stage}" if not drill else f"stage{stage}_drill{seed}")
     n = math.ceil(steps * BATCH_TOKENS / length * 1.1)  # ~1 epoch of dialogues (10% spare)
-    spec = DialogueSpec(length=length, gap_min=gmin, gap_max=gmax, max_live=_max_live(length))
+    if drill:
+        spec = DialogueSpec(length=length, **DRILL)  # type: ignore[arg-type]
+    elif stage == 0:
+        spec = DialogueSpec(length=length, gap_min=gmin, gap_max=gmax, max_live=_max_live(length))
+    else:
+        spec = DialogueSpec(length=length, gap_min=gmin, gap_max=gmax, max_live=_max_live(length), name_prob=0.04)
     info = rdata.write_stage(folder, seed=seed, stage=stage, spec=spec, n_dialogues=n, passages=passages, tok=tok, template=template)
     return folder, info
 
@@ -101,29 +110,39 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
     passages = read_passages()
     train_p, held_p = split_passages(passages)
     log(f"corpus: {len(train_p)} train passages, {len(held_p)} held-out passages")
-    tok = rdata.train_tokenizer(train_p, args.seed, VOCAB)
     template = ChatTemplate()
-    model = build_model(DEFAULT_CONFIG, seed=args.seed)
-    init = LoadedModel(model, tok, template, name="laplace-default-init", card={"name": "laplace-default-init", "trained": False})
-    save_model_dir(init, work / "init")
-    base = load_model_dir(work / "init")
-    rdata.write_text(work / "heldout" / "heldout_text.jsonl", held_p)
     run = work / "run"
-    if run.exists():
-        shutil.rmtree(run)
-    total_steps = sum(s[3] for s in STAGES)
-    history: list[dict[str, Any]] = []
-    shortened: list[dict[str, Any]] = []
-    step, stage, repeats = 0, 0, 0
-    plan = [s[3] for s in STAGES]
-    t_start = time.perf_counter()
+    progress = work / "progress.json"
+    if args.resume and progress.exists():
+        # Continue an interrupted recipe after its last finished block (same tokenizer and
+        # init; the data of the next block is rebuilt from the seed as before).
+        base = load_model_dir(work / "init")
+        tok = base.tokenizer
+        p = json.loads(progress.read_text(encoding="utf-8"))
+        step, stage, repeats, total_steps, plan = p["step"], p["stage"], p["repeats"], p["total_steps"], p["plan"]
+        history, shortened = p["history"], p["shortened"]
+        log(f"resuming the recipe at step {step}, stage {stage}, repeat {repeats}")
+    else:
+        tok = rdata.train_tokenizer(train_p, args.seed, VOCAB)
+        model = build_model(DEFAULT_CONFIG, seed=args.seed)
+        init = LoadedModel(model, tok, template, name="laplace-default-init", card={"name": "laplace-default-init", "trained": False})
+        save_model_dir(init, work / "init")
+        base = load_model_dir(work / "init")
+        if run.exists():
+            shutil.rmtree(run)
+        step, stage, repeats = 0, 0, 0
+        plan = [s[3] for s in STAGES]
+        total_steps = sum(plan)
+        history, shortened = [], []
+    rdata.write_text(work / "heldout" / "heldout_text.jsonl", held_p)
+    t_start, step_at_start = time.perf_counter(), step
     while stage < len(STAGES):
         length = STAGES[stage][0]
-        if args.budget_minutes and step:
+        if args.budget_minutes and step > step_at_start:
             # Shrink the stages still to come (all by one factor, at least 20 steps each) so
             # the run ends inside the budget; WSD is flat before its decay, so a shorter
             # total only moves the decay earlier. Recorded in the card when it happens.
-            per_step = (time.perf_counter() - t_start) / step
+            per_step = (time.perf_counter() - t_start) / (step - step_at_start)
             allowed = int((args.budget_minutes * 60 - (time.perf_counter() - t_start)) / per_step)
             left = sum(plan[stage:])
             if allowed < left:
@@ -132,19 +151,24 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
                 total_steps = step + sum(plan[stage:])
                 log(f"budget: {per_step:.1f} s/step, remaining stages cut to {plan[stage:]} (total {total_steps} steps)")
                 shortened.append({"at_step": step, "plan": list(plan)})
-        folder, info = stage_data(work, args.seed + 101 * repeats, stage, train_p, tok, template, steps=plan[stage])
-        steps = plan[stage]
+        drill = stage == 0 and repeats > 0
+        folder, info = stage_data(work, args.seed + 101 * repeats, stage, train_p, tok, template,
+                                  steps=DRILL_STEPS if drill else plan[stage], drill=drill)
+        steps = DRILL_STEPS if drill else plan[stage]
         if stage == len(STAGES) - 1:
-            steps = total_steps - step  # the last stage absorbs any repeat of the first
+            steps = total_steps - step  # the last stage takes what is left of the total
         end = min(total_steps, step + steps)
-        log(f"stage {stage} (rows of {length}, gaps {STAGES[stage][1]}..{STAGES[stage][2]}): steps {step}..{end}; {info}")
+        log(f"stage {stage}{' (dense drill)' if drill else ''} (rows of {length}): steps {step}..{end}; {info}")
         cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(work / "init"), steps=total_steps, seq_len=length,
                           batch_tokens=BATCH_TOKENS, lr=LR, warmup=30, schedule="wsd", decay_fraction=0.2,
                           resume=str(run) if step else None, stop_after=end, seed=args.seed, device="cpu")
-        summary = Trainer(cfg, base=base, on_log=log, on_step=_progress).run()
-        history.append({"stage": stage, "repeat": repeats, "data": info, "steps": [step, end], "tokens_per_s": summary["tokens_per_s"],
-                        "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
+        # Escalation after a second no-go: weight the recall answers in the loss from then on.
+        weight = ANSWER_WEIGHT if repeats >= 2 else 1.0
+        summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=weight).run()
+        history.append({"stage": stage, "repeat": repeats, "drill": drill, "answer_weight": weight, "data": info, "steps": [step, end],
+                        "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
         step = end
+        advance_stage = True
         if stage == 0:
             lm = load_model_dir(run)
             gate = evaluate(lm, held_p, distances=(0, 32, 64, 128), trials=24, kinds=("recall",))
@@ -154,10 +178,16 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
             if step == STAGES[0][3]:  # the checkpoint the softmax baseline is compared with
                 shutil.copytree(run, work / "gate_ckpt", dirs_exist_ok=True, ignore=shutil.ignore_patterns("trainer"))
             if short < GATE and repeats < MAX_REPEATS:
+                # No-go: short-range recall is not there yet, so do not lengthen. Switch to
+                # the dense drill (more facts and questions, short unrelated chat) and add
+                # its steps to the total.
                 repeats += 1
-                continue
-        stage += 1
-        (work / "history.json").write_text(json.dumps(history, indent=2), encoding="utf-8")
+                total_steps += DRILL_STEPS
+                advance_stage = False
+        if advance_stage:
+            stage += 1
+        progress.write_text(json.dumps({"step": step, "stage": stage, "repeats": repeats, "total_steps": total_steps, "plan": plan,
+                                        "history": history, "shortened": shortened}, indent=2), encoding="utf-8")
     (work / "history.json").write_text(json.dumps(history, indent=2), encoding="utf-8")
     return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "shortened": shortened}
 
@@ -213,6 +243,7 @@ def main() -> None:
     ap.add_argument("--eval-trials", type=int, default=24)
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="shrink the later stages if the run would take longer (not reproducible then; the card says so)")
+    ap.add_argument("--resume", action="store_true", help="continue an interrupted recipe in --work after its last finished block")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (see baseline.py)")
     args = ap.parse_args()
     trained = train_main(args)

@@ -174,6 +174,10 @@ class DialogueSpec:
     gap_max: int
     max_live: int = 6
     doc_prob: float = 0.08
+    plant_prob: float = 0.40  # chance per free slot of planting new facts
+    filler_words: int = 60  # longest docstring answer in the unrelated chat
+    small_talk: float = 0.4  # share of unrelated exchanges that are small talk (short)
+    name_prob: float = 0.0  # chance of "What is your name?" (answered from the system prompt)
 
 
 @dataclass
@@ -207,13 +211,13 @@ class Builder:
             reply = " ".join(words[:max_words]).rstrip(",;:") + "."
         return subject, reply
 
-    def filler(self, rng: random.Random) -> list[Message]:
+    def filler(self, rng: random.Random, spec: DialogueSpec | None = None) -> list[Message]:
         talk = HELDOUT_SMALL_TALK if self.heldout else SMALL_TALK
         topics = HELDOUT_TOPIC_QUESTIONS if self.heldout else TOPIC_QUESTIONS
-        if rng.random() < 0.4:
+        if rng.random() < (spec.small_talk if spec else 0.4):
             u, a = rng.choice(talk)
             return [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
-        subject, reply = self._passage_reply(rng)
+        subject, reply = self._passage_reply(rng, spec.filler_words if spec else 60)
         return [{"role": "user", "content": rng.choice(topics).format(thing=subject)}, {"role": "assistant", "content": reply}]
 
     def document(self, rng: random.Random, facts: list[Fact]) -> Message:
@@ -253,15 +257,15 @@ class Builder:
             kind = "filler"
             if due:
                 kind = "ask"
-            elif r < 0.40 and len(live) < spec.max_live:
+            elif r < spec.plant_prob and len(live) < spec.max_live:
                 kind = "plant"
-            elif r < 0.50:
+            elif r < spec.plant_prob + 0.10:
                 kind = "never"
-            elif r < 0.58 and live:
+            elif r < spec.plant_prob + 0.18 and live:
                 kind = "update"
-            elif r < 0.58 + spec.doc_prob and len(live) < spec.max_live:
+            elif r < spec.plant_prob + 0.18 + spec.doc_prob and len(live) < spec.max_live:
                 kind = "doc"
-            elif r < 0.62 and not asked_name:
+            elif r < spec.plant_prob + 0.18 + spec.doc_prob + spec.name_prob and not asked_name:
                 kind = "name"
             new: list[Message]
             if kind == "ask":
@@ -276,7 +280,7 @@ class Builder:
                     facts.append(f)
                 body = " ".join(f.statement(rng, w) for f in facts)
                 if rng.random() < 0.3:  # in passing, inside a message about something else
-                    extra = self.filler(rng)
+                    extra = self.filler(rng, spec)
                     new = [{"role": "user", "content": body + " " + extra[0]["content"]}, extra[1]]
                 else:
                     new = [{"role": "user", "content": body}, {"role": "assistant", "content": rng.choice(w.acks)}]
@@ -308,11 +312,11 @@ class Builder:
                 new = [{"role": "user", "content": rng.choice(("What is your name?", "Who are you?"))},
                        {"role": "assistant", "content": reply}]
             else:
-                new = self.filler(rng)
+                new = self.filler(rng, spec)
             if not fits(new):
                 if kind == "ask":
                     break
-                new = self.filler(rng)
+                new = self.filler(rng, spec)
                 if not fits(new):
                     break
             # bookkeeping only for what is actually added

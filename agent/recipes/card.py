@@ -1,0 +1,76 @@
+"""Fold the evaluation results into the shipped model's card, in lines `laplace info` shows.
+
+    python -m agent.recipes.card --model agent/models/default --work /tmp/laplace-default-build \
+        --probe docs/default-model-probe.json
+
+Reads the recipe's eval.json / baseline.json and a `laplace probe run --json` report, and
+rewrites only the card inside config.json (the weights, and so the fingerprint's weight
+digest, are untouched; the card is not part of the fingerprint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def probe_table(report: dict[str, Any], probe: str = "passkey") -> dict[str, dict[int, dict[str, float]]]:
+    """{filler: {distance: {exact, top1}}} for one probe."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for c in report["cells"]:
+        if c["probe"] == probe:
+            out.setdefault(c["filler"], {})[c["distance"]] = {"exact": c["exact"], "top1": c["top1"]}
+    return out
+
+
+def probe_summary(report: dict[str, Any]) -> list[dict[str, Any]]:
+    keep = ("probe", "filler", "d50", "h90", "ledger_d50", "competent")
+    return [{k: s.get(k) for k in keep} for s in report["summaries"]]
+
+
+def _fmt(rates: dict[Any, float], ds: tuple[int, ...] = (0, 256, 512, 1024, 2048)) -> str:
+    return " ".join(f"{d}:{rates[d]:.2f}" for d in ds if d in rates)
+
+
+def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[str, Any]:
+    cfg_path = model_dir / "config.json"
+    meta = json.loads(cfg_path.read_text(encoding="utf-8"))
+    card = meta["card"]
+    ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
+    r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
+    card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])
+    card["heldout_not_told"] = _fmt(r["not_told"])
+    card["heldout_stale"] = _fmt(r["update_stale"])
+    card["heldout_end_of_turn"] = ev["end_of_turn"]["ended_within_200"]
+    card["heldout_ppl"] = round(ev["ppl"], 2)
+    base = work / "baseline.json"
+    if base.exists():
+        b = json.loads(base.read_text(encoding="utf-8"))
+        card["ppl_vs_softmax"] = (f"after {b['tokens']:,} tokens: GLA {b['gla_ppl_same_tokens']:.2f} vs softmax "
+                                  f"{b['softmax_ppl']:.2f} (same widths, rows, order, optimizer split)")
+    if probe_json is not None:
+        rep = json.loads(probe_json.read_text(encoding="utf-8"))
+        table = probe_table(rep)
+        card["probe_suite"] = f"{rep['suite']['name']} ({rep['suite']['style']}, {rep['suite']['trials']} trials)"
+        for filler, by_d in table.items():
+            card[f"probe_passkey_{filler}"] = " ".join(f"{d}:{v['exact']:.2f}" for d, v in sorted(by_d.items()))
+        card["probe_d50"] = {f"{s['probe']}/{s['filler']}": s["d50"] for s in probe_summary(rep) if s["probe"] == "passkey"}
+    meta["card"] = card
+    cfg_path.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+    return card
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "models" / "default"))
+    ap.add_argument("--work", default="/tmp/laplace-default-build")
+    ap.add_argument("--probe", default=None)
+    a = ap.parse_args()
+    card = update_card(Path(a.model), Path(a.work), Path(a.probe) if a.probe else None)
+    print(json.dumps(card, indent=2, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    main()
