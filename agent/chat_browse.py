@@ -56,7 +56,10 @@ class SessionBrowsing:
         suffix = "md" if fmt == "markdown" else "json"
         out = Path(path) if path else Path.cwd() / f"laplace-{session.uid[:8]}.{suffix}"
         body = self.store.export_markdown(session.id) if fmt == "markdown" else json.dumps(self.store.export_json(session.id), indent=2)
-        out.write_text(body, encoding="utf-8")
+        try:
+            out.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise ChatError(f"cannot write {out}: {exc.strerror or exc}; choose another path") from None
         return out
 
     def status(self) -> StatusView:

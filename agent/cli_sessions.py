@@ -198,7 +198,11 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            typer.echo(f"error: cannot write {output}: {exc.strerror or exc}; choose another path", err=True)
+            raise typer.Exit(1) from None
         typer.echo(f"wrote {output}", err=True)
 
 

@@ -108,3 +108,15 @@ def test_initial_state_starts_sessions_and_guards_resume(tmp_path):
     other = save_initial_state(start, tmp_path / "other.laplace-state", fingerprint="f" * 64)
     res = laplace("ask", "-m", str(model_dir), "--initial-state", str(other), "x")
     assert res.exit_code == 1 and "written by model" in res.stderr
+
+
+def test_export_to_an_unwritable_path_is_a_clean_error(tmp_path):
+    laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "1", "hi")
+    with store() as s:
+        uid = s.list_sessions()[0].session.uid
+    res = laplace("sessions", "export", uid[:8], "-f", "json", "-o", str(tmp_path / "no" / "such" / "dir.json"))
+    assert res.exit_code == 1 and "cannot write" in res.stderr
+    res = laplace("sessions", "export", uid[:8], "-f", "json", "-o", str(tmp_path / "ok.json"))
+    assert res.exit_code == 0
+    messages = json.loads((tmp_path / "ok.json").read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["hi"]
