@@ -55,7 +55,7 @@ STAGES: list[tuple[int, int, int, int]] = [
     (2048, 64, 1900, 250),
 ]
 GATE = 0.5  # recall at distance <= 128 needed before the dialogues lengthen
-MAX_REPEATS = 3
+MAX_REPEATS = 8
 DRILL_STEPS = 150  # one dense-drill block after a no-go
 ANSWER_WEIGHT = 4.0  # loss weight of recall answers after the second no-go
 # The no-go drill: rows of 256, short gaps, many live facts, little unrelated text.
@@ -177,7 +177,7 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
             history[-1]["gate"] = {"recall": gate["recall"], "mean": short, "go": short >= GATE}
             if step == STAGES[0][3]:  # the checkpoint the softmax baseline is compared with
                 shutil.copytree(run, work / "gate_ckpt", dirs_exist_ok=True, ignore=shutil.ignore_patterns("trainer"))
-            if short < GATE and repeats < MAX_REPEATS:
+            if short < GATE and repeats < MAX_REPEATS and _time_for_drill(args, t_start, step - step_at_start):
                 # No-go: short-range recall is not there yet, so do not lengthen. Switch to
                 # the dense drill (more facts and questions, short unrelated chat) and add
                 # its steps to the total.
@@ -190,6 +190,15 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
                                         "history": history, "shortened": shortened}, indent=2), encoding="utf-8")
     (work / "history.json").write_text(json.dumps(history, indent=2), encoding="utf-8")
     return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "shortened": shortened}
+
+
+def _time_for_drill(args: argparse.Namespace, t_start: float, steps_done: int) -> bool:
+    """Another drill block fits the budget with ~200 steps left for the longer stages."""
+    if not args.budget_minutes or steps_done <= 0:
+        return True
+    per_step = (time.perf_counter() - t_start) / steps_done
+    left = args.budget_minutes * 60 - (time.perf_counter() - t_start)
+    return left > (DRILL_STEPS + 200) * per_step
 
 
 def _progress(m: dict[str, Any]) -> None:
