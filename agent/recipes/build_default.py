@@ -192,6 +192,29 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
     return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "shortened": shortened}
 
 
+def polish(args: argparse.Namespace, trained: dict[str, Any]) -> dict[str, Any]:
+    """A last dense drill at rows of 256, inside the schedule's decay. Without it the run
+    ended on long rows whose far questions it could not yet answer, and it learned to say
+    "You haven't told me" to everything (measured: refusals even right after the fact)."""
+    work, run = Path(args.work), Path(args.work) / "run"
+    torch.set_num_threads(args.threads)
+    base = load_model_dir(work / "init")
+    train_p, _ = split_passages(read_passages())
+    step = trained["steps"]
+    end = step + args.polish_steps
+    folder, info = stage_data(work, args.seed + 9999, 0, train_p, base.tokenizer, base.template, steps=args.polish_steps, drill=True)
+    log(f"polish: dense drill (rows of 256), steps {step}..{end}; {info}")
+    cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(work / "init"), steps=end, seq_len=256,
+                      batch_tokens=BATCH_TOKENS, lr=LR, warmup=30, schedule="wsd", decay_fraction=0.2,
+                      resume=str(run), stop_after=end, seed=args.seed, device="cpu")
+    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=ANSWER_WEIGHT).run()
+    trained["history"].append({"stage": "polish", "repeat": 0, "drill": True, "answer_weight": ANSWER_WEIGHT, "data": info,
+                               "steps": [step, end], "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"],
+                               "wall_s": summary["wall_s"]})
+    (work / "history.json").write_text(json.dumps(trained["history"], indent=2), encoding="utf-8")
+    return {**trained, "steps": end, "tokens": end * BATCH_TOKENS}
+
+
 def _time_for_drill(args: argparse.Namespace, t_start: float, steps_done: int) -> bool:
     """Another drill block fits the budget with ~200 steps left for the longer stages."""
     if not args.budget_minutes or steps_done <= 0:
@@ -252,10 +275,13 @@ def main() -> None:
     ap.add_argument("--eval-trials", type=int, default=24)
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="shrink the later stages if the run would take longer (not reproducible then; the card says so)")
+    ap.add_argument("--polish-steps", type=int, default=150, help="final dense drill at rows of 256 (0: none)")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted recipe in --work after its last finished block")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (see baseline.py)")
     args = ap.parse_args()
     trained = train_main(args)
+    if args.polish_steps:
+        trained = polish(args, trained)
     finish(args, trained)
     if args.baseline:
         from agent.recipes.baseline import run_baseline

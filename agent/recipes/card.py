@@ -38,6 +38,20 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     cfg_path = model_dir / "config.json"
     meta = json.loads(cfg_path.read_text(encoding="utf-8"))
     card = meta["card"]
+    # The long records (stages, full eval) go to training_log.json beside the weights; the
+    # card keeps one line per fact so `laplace info` stays readable.
+    detail = {k: card.pop(k) for k in ("stages", "eval", "curriculum", "schedule_shortened") if k in card}
+    if detail:
+        (model_dir / "training_log.json").write_text(json.dumps(detail, indent=2, default=str), encoding="utf-8")
+    else:
+        detail = json.loads((model_dir / "training_log.json").read_text(encoding="utf-8"))
+    if isinstance(card.get("data"), dict):
+        card["data"] = "Python stdlib docstrings (PSF-2.0, read from the local interpreter) + synthetic template dialogues (agent/recipes)"
+    stages = detail.get("stages") or []
+    card["curriculum"] = " -> ".join(
+        f"{h['data']['length']}{'d' if h.get('drill') else ''}x{h['steps'][1] - h['steps'][0]}" for h in stages if h["steps"][1] > h["steps"][0]
+    ) + "  (row length x steps; d = dense drill)"
+    card["go_no_go"] = " ".join(f"step {h['steps'][1]}: {h['gate']['mean']:.2f}" for h in stages if "gate" in h) + " (recall at <=128, gate 0.5)"
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])
