@@ -10,8 +10,15 @@ import subprocess
 import sys
 from typing import Any
 
+# VmHWM is the peak RSS of this process's own address space. (ru_maxrss would not do: Linux
+# carries it across fork and exec, so a child of a big parent starts at the parent's peak.)
 CHILD = r"""
-import json, resource, sys, torch
+import json, sys, torch
+
+def peak_kb():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
 from agent.runtime.config import PRESETS
 from agent.runtime.generation import EagerRunner
 from agent.runtime.model import build_model
@@ -19,13 +26,13 @@ n, mode = int(sys.argv[1]), sys.argv[2]
 torch.manual_seed(0)
 model = build_model(PRESETS["tiny"], seed=0).eval()
 ids = torch.randint(0, 256, (n,)).tolist()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_kb()
 with torch.inference_mode():
     if mode == "segmented":
         EagerRunner(model, segment_len=512).prefill(ids)
     else:
         model(torch.tensor([ids]), last_only=True)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_kb()
 print(json.dumps({"base_kb": base, "peak_kb": peak}))
 """
 
