@@ -204,12 +204,15 @@ def ask(
     text = read_prompt(prompt)
     service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
                               rebuild_state=rebuild_state, system=system, initial_state=initial_state)
+    from agent.textsafe import displayable
+
+    show = displayable if sys.stdout.isatty() else (lambda text: text)  # pipes get the exact bytes
     started = finished = stats = None
     session_uid = service.session.uid if service.session else ""
     try:
         for ev in service.send(text):
             if isinstance(ev, TokenEvent) and not as_json:
-                sys.stdout.write(ev.text)
+                sys.stdout.write(show(ev.text))
                 sys.stdout.flush()
             elif isinstance(ev, TurnStarted):
                 started = ev

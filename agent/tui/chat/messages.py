@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
+from agent.textsafe import displayable
 from agent.chat_types import TurnView
 
 # Rendering a megabyte of text into the transcript would stall layout; the full content is
@@ -57,7 +58,7 @@ def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: i
 
 
 def message_body(turn: TurnView) -> RenderableType:
-    content = turn.content
+    content = displayable(turn.content)
     note: Text | None = None
     if len(content) > DISPLAY_LIMIT:
         hidden = len(content) - DISPLAY_LIMIT
@@ -123,7 +124,7 @@ class ReplyStream:
         if not fragment:
             return
         self.text += fragment
-        self._pending.append(fragment)
+        self._pending.append(displayable(fragment))
         if posted_at is not None:
             self._stamps.append(posted_at)
         self._wake.set()
