@@ -40,8 +40,10 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     card = meta["card"]
     # The long records (stages, full eval) go to training_log.json beside the weights; the
     # card keeps one line per fact so `laplace info` stays readable.
-    detail = {k: card.pop(k) for k in ("stages", "eval", "curriculum", "schedule_shortened") if k in card}
-    if detail:
+    detail = {k: card.pop(k) for k in ("stages", "eval", "schedule_shortened") if k in card}
+    if isinstance(card.get("curriculum"), list):
+        detail["curriculum"] = card.pop("curriculum")
+    if "stages" in detail:  # first run on a fresh recipe output; later runs reuse the file
         (model_dir / "training_log.json").write_text(json.dumps(detail, indent=2, default=str), encoding="utf-8")
     else:
         detail = json.loads((model_dir / "training_log.json").read_text(encoding="utf-8"))
@@ -69,7 +71,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         table = probe_table(rep)
         card["probe_suite"] = f"{rep['suite']['name']} ({rep['suite']['style']}, {rep['suite']['trials']} trials)"
         for filler, by_d in table.items():
-            card[f"probe_passkey_{filler}"] = " ".join(f"{d}:{v['exact']:.2f}" for d, v in sorted(by_d.items()))
+            card[f"probe_passkey_{filler}"] = "top-1/exact " + " ".join(
+                f"{d}:{v['top1']:.2f}/{v['exact']:.2f}" for d, v in sorted(by_d.items()))
         card["probe_d50"] = {f"{s['probe']}/{s['filler']}": s["d50"] for s in probe_summary(rep) if s["probe"] == "passkey"}
     meta["card"] = card
     cfg_path.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
