@@ -13,13 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.runtime.checkpoint import load_model
+from agent.runtime.checkpoint import load_model, save_model_dir
 from agent.runtime.generation import EagerRunner
 from agent.runtime.state import RecurrentState
 from sessions import SessionError, SessionStore
 
 LAPLACE = str(Path(sys.executable).with_name("laplace"))
 LONG = ["-o", "max_new_tokens", "20000", "-o", "temperature", "0"]
+
+
+@pytest.fixture
+def endless(tmp_path) -> str:
+    """The tiny model with its end-of-turn logit pinned at 0, so greedy replies run until
+    interrupted (an untrained model otherwise stops whenever <|end|> happens to win)."""
+    lm = load_model("tiny")
+    with torch.no_grad():
+        lm.model.lm_head.weight[lm.tokenizer.token_id("<|end|>")] = 0.0
+    return str(save_model_dir(lm, tmp_path / "endless"))
 
 
 def start_ask(home: Path, *args: str) -> subprocess.Popen:
@@ -43,9 +53,9 @@ def wait_streaming(db: Path, timeout: float = 60) -> None:
     raise AssertionError("no reply started streaming")
 
 
-def check_consistent(db: Path) -> None:
+def check_consistent(db: Path, model: str) -> None:
     """Every snapshot equals a fresh replay of the token ids stored up to its turn."""
-    lm = load_model("tiny")
+    lm = load_model(model)
     runner = EagerRunner(lm.model, segment_len=64)
     with SessionStore.open(db, readonly=True) as s:
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -59,9 +69,9 @@ def check_consistent(db: Path) -> None:
             torch.testing.assert_close(stored.gla, state.gla, rtol=1e-5, atol=1e-6)
 
 
-def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path):
+def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path, endless):
     home = tmp_path / "home"
-    proc = start_ask(home, "-m", "tiny", *LONG, "tell me everything")
+    proc = start_ask(home, "-m", endless, *LONG, "tell me everything")
     wait_streaming(home / "laplace.db")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -72,12 +82,12 @@ def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path):
         head = s.tail(uid, 1)[0]
         assert head.role == "assistant" and head.status == "cancelled" and head.content
         assert s.latest_snapshot(uid).turn_id == head.id  # the partial reply has its state
-    check_consistent(home / "laplace.db")
+    check_consistent(home / "laplace.db", endless)
 
 
-def test_kill_9_mid_reply_loses_nothing_committed(tmp_path):
+def test_kill_9_mid_reply_loses_nothing_committed(tmp_path, endless):
     home = tmp_path / "home"
-    first = start_ask(home, "-m", "tiny", "-o", "max_new_tokens", "4", "a committed turn")
+    first = start_ask(home, "-m", endless, "-o", "max_new_tokens", "4", "a committed turn")
     assert first.wait(timeout=60) == 0
     proc = start_ask(home, "-c", *LONG, "this reply will be killed")
     wait_streaming(home / "laplace.db")
@@ -93,12 +103,12 @@ def test_kill_9_mid_reply_loses_nothing_committed(tmp_path):
     assert roles[3] == ("user", "complete", "this reply w")  # stored before generation began
     assert roles[4][:2] == ("assistant", "cancelled")  # interrupted, its text kept
     assert roles[5] == ("user", "complete", "after the cr") and roles[6][1] == "complete"
-    check_consistent(home / "laplace.db")
+    check_consistent(home / "laplace.db", endless)
 
 
-def test_second_process_on_the_same_session_is_refused(tmp_path):
+def test_second_process_on_the_same_session_is_refused(tmp_path, endless):
     home = tmp_path / "home"
-    assert start_ask(home, "-m", "tiny", "-o", "max_new_tokens", "2", "hi").wait(timeout=60) == 0
+    assert start_ask(home, "-m", endless, "-o", "max_new_tokens", "2", "hi").wait(timeout=60) == 0
     proc = start_ask(home, "-c", *LONG, "long reply")
     wait_streaming(home / "laplace.db")
     try:
