@@ -11,7 +11,8 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    resume of the same run on longer dialogues with longer gaps. After the first stage a
    go/no-go check asks held-out questions at distance <= 128: below GATE the first stage
    is repeated (at most MAX_REPEATS times) before the dialogues lengthen.
-5. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
+5. A final dense drill at rows of 256 inside the LR decay (`--polish-steps`, default 150).
+6. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
    and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
 the gate checkpoint's steps and compares held-out perplexity at equal tokens.
