@@ -178,6 +178,8 @@ class DialogueSpec:
     filler_words: int = 60  # longest docstring answer in the unrelated chat
     small_talk: float = 0.4  # share of unrelated exchanges that are small talk (short)
     name_prob: float = 0.0  # chance of "What is your name?" (answered from the system prompt)
+    never_prob: float = 0.10  # chance of a question about a fact never stated
+    near_miss: float = 0.0  # share of never-stated questions about a thing one word off a stated one
 
 
 @dataclass
@@ -259,13 +261,13 @@ class Builder:
                 kind = "ask"
             elif r < spec.plant_prob and len(live) < spec.max_live:
                 kind = "plant"
-            elif r < spec.plant_prob + 0.10:
+            elif r < spec.plant_prob + spec.never_prob:
                 kind = "never"
-            elif r < spec.plant_prob + 0.18 and live:
+            elif r < spec.plant_prob + spec.never_prob + 0.08 and live:
                 kind = "update"
-            elif r < spec.plant_prob + 0.18 + spec.doc_prob and len(live) < spec.max_live:
+            elif r < spec.plant_prob + spec.never_prob + 0.08 + spec.doc_prob and len(live) < spec.max_live:
                 kind = "doc"
-            elif r < spec.plant_prob + 0.18 + spec.doc_prob + spec.name_prob and not asked_name:
+            elif r < spec.plant_prob + spec.never_prob + 0.08 + spec.doc_prob + spec.name_prob and not asked_name:
                 kind = "name"
             new: list[Message]
             if kind == "ask":
@@ -299,6 +301,15 @@ class Builder:
                 new = [self.document(rng, facts)]
             elif kind == "never":
                 f = new_fact(rng, w, taken)
+                codes = [lv.fact for lv in live if lv.fact.kind == "code"]
+                if codes and rng.random() < spec.near_miss:  # same attr and adjective, other noun
+                    near = rng.choice(codes)
+                    adj = near.thing.split()[0]
+                    for _ in range(20):
+                        cand = Fact("code", near.attr, f"{adj} {rng.choice(w.thing_noun)}", "code")
+                        if cand.key not in taken:
+                            f = cand
+                            break
                 new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told()}]
             elif kind == "update":
                 lv = rng.choice(live)
