@@ -66,7 +66,6 @@ def test_ask_bad_inputs_are_one_line_errors(tmp_path):
         (("ask", "-m", "tiny", "-o", "warp", "9", "x"), "unknown sampling option"),
         (("ask", "-m", "tiny", ""), "prompt is empty"),
         (("ask", "-c", "-s", "new system", "x"), "--system applies to a new session"),
-        (("ask", "x"), "no default model is bundled"),
     ]
     for args, needle in cases:
         res = laplace(*args)
@@ -120,3 +119,16 @@ def test_export_to_an_unwritable_path_is_a_clean_error(tmp_path):
     assert res.exit_code == 0
     messages = json.loads((tmp_path / "ok.json").read_text())["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["hi"]
+
+
+def test_the_bundled_default_model_answers_in_turn():
+    """`laplace ask` with no -m uses the packaged default model and ends its turn."""
+    res = laplace("ask", "-o", "temperature", "0", "--json", "Hello! How are you?")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["status"] == "complete" and data["reply"].strip()
+    with store() as s:
+        [summary] = s.list_sessions()
+        assert summary.session.model_id.endswith("agent/models/default")
+        reply = s.tail(summary.session.id, 1)[0]
+        assert reply.stats["stop_reason"] == "stop"  # it ended its own turn
