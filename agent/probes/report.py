@@ -119,10 +119,14 @@ def _notes(summaries: list[dict], outcome: Outcome) -> list[str]:
     if zero and not any(s["competent"] for s in zero):
         lifts = [s["lift_at_0"] for s in zero]
         chance = sum(s["at_chance"] for s in zero)
+        mean_lift = sum(lifts) / len(lifts)
+        # A large lift with chance-level picks means the state holds the fact but this prompt
+        # style does not get it out (e.g. completion prompts on a chat-only model).
+        why = ("an untrained model scores like this" if mean_lift < 0.1 else
+               "yet the state does lift the answer: try the other --style (chat models need --style chat)")
         notes.append(
             f"no recall: no row beats chance at distance 0 with the state lifting the answer over a blank state "
-            f"({chance} of {len(zero)} rows sit within chance's interval; mean lift {sum(lifts) / len(lifts):+.3f} nats); "
-            "an untrained model scores like this")
+            f"({chance} of {len(zero)} rows sit within chance's interval; mean lift {mean_lift:+.3f} nats); {why}")
     t = outcome.trace
     if t is not None:
         st = t["self_test"]
