@@ -222,6 +222,21 @@ class ChatService(SessionBrowsing):
                 seed += len(self.store.siblings(head.id))
             yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
 
+    def switch_sibling(self, turn_id: int, step: int) -> TurnView:
+        """Make the sibling `step` places from `turn_id` (wrapping) the current branch, down to
+        its newest leaf. Every branch keeps its newest snapshot, so no replay is needed."""
+        with self._lock:
+            session = self._require()
+            sibs = guarded(lambda: self.store.siblings(turn_id))
+            if len(sibs) < 2:
+                raise ChatError("this turn has no other versions; regenerate a reply to make one")
+            index = next(i for i, t in enumerate(sibs) if t.id == turn_id)
+            target = sibs[(index + step) % len(sibs)]
+            guarded(lambda: self.store.set_head(session.id, target.id, descend=True))
+            self._session = self.store.get_session(session.id)
+            self._state = None  # loaded from the branch's newest snapshot when next needed
+            return self._turn_view(self.store.get_turn(target.id))
+
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
                user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None) -> Iterator[ChatEvent]:
         tok, template = self.lm.tokenizer, self.lm.template

@@ -60,6 +60,18 @@ class ActionsMixin(_Base):
 
     # ---- the prompt ------------------------------------------------------------------------
 
+    async def on_message_widget_sibling_requested(self, message: MessageWidget.SiblingRequested) -> None:
+        """Show another version of a turn: the service moves the head to that branch."""
+        if self.busy("switching versions"):
+            return
+        try:
+            turn = self.service.switch_sibling(message.turn_id, message.step)
+        except ChatError as e:
+            self.say(str(e), "error")
+            return
+        await self.load_session()
+        self.say(f"showing version {turn.sibling_index + 1} of {turn.sibling_count}", timeout=2)
+
     async def on_prompt_area_submitted(self, message: PromptArea.Submitted) -> None:
         text = message.text
         try:

@@ -267,6 +267,20 @@ class FakeChatService:
             user = self._turns[s.path[-1]]
         yield from self._stream(s, user.content, cancel, None, user.id)
 
+    def switch_sibling(self, turn_id: int, step: int) -> TurnView:
+        self.calls.append(("switch_sibling", turn_id, step))
+        with self._lock:
+            s = self._need()
+            sibs = self._children.get(self._turns[turn_id].parent_id, [turn_id])
+            if len(sibs) < 2:
+                raise ChatError("this turn has no other versions; regenerate a reply to make one")
+            target = sibs[(sibs.index(turn_id) + step) % len(sibs)]
+            path = s.path[: s.path.index(turn_id)] + [target]
+            while self._children.get(path[-1]):  # down to the newest leaf
+                path.append(self._children[path[-1]][-1])
+            s.path = path
+            return self._with_siblings(self._turns[target])
+
     def attach(self, path: Path, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         self.calls.append(("attach", Path(path)))
         s = self._need()

@@ -226,6 +226,23 @@ def test_regenerate_adds_a_sibling_and_keeps_the_old_reply(make_service):
     assert_state_matches_transcript(svc)
 
 
+def test_switching_versions_moves_the_branch_and_its_state(make_service):
+    svc = make_service()
+    svc.new_session()
+    first = run(svc.send("hi"))[-1].turn
+    run(svc.send("on the first branch"))
+    second = run(svc.regenerate())[-1].turn  # a sibling of the *last* reply
+    back = svc.switch_sibling(second.id, -1)
+    assert back.parent_id == second.parent_id and back.id != second.id
+    assert svc.tail()[-1].id == back.id  # the head is that branch's leaf
+    assert_state_matches_transcript(svc)
+    with pytest.raises(ChatError, match="no other versions"):
+        svc.switch_sibling(first.id, 1)
+    svc.switch_sibling(back.id, 1)
+    assert svc.tail()[-1].id == second.id
+    assert_state_matches_transcript(svc)
+
+
 def test_fork_copies_the_branch_and_its_state(make_service):
     svc = make_service()
     uid = svc.new_session().uid

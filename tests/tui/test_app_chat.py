@@ -98,6 +98,30 @@ def test_regenerate_replaces_the_reply_and_shows_the_branch() -> None:
     assert ("regenerate",) in fake.calls
 
 
+def test_left_and_right_on_a_reply_switch_between_its_versions() -> None:
+    fake = FakeChatService(token_delay=0)
+
+    async def scenario(app: LaplaceApp, pilot: Pilot) -> None:
+        await type_and_send(app, pilot, "hi")
+        await idle(app, pilot)
+        first = app.chat.turn_widgets[-1].turn
+        await pilot.press("ctrl+r")
+        await idle(app, pilot)
+        app.chat.turn_widgets[-1].focus()
+        await pilot.press("left")
+        await idle(app, pilot)
+        shown = app.chat.turn_widgets[-1].turn
+        assert shown.id == first.id and (shown.sibling_index, shown.sibling_count) == (0, 2)
+        assert "1/2" in app.chat.turn_widgets[-1].header.plain
+        app.chat.turn_widgets[-1].focus()
+        await pilot.press("right")
+        await idle(app, pilot)
+        assert app.chat.turn_widgets[-1].turn.sibling_index == 1
+
+    run(scenario, fake)
+    assert [c for c in fake.calls if c[0] == "switch_sibling"][0][2] == -1
+
+
 def test_copy_message_and_code_blocks() -> None:
     fake = FakeChatService(token_delay=0)
 

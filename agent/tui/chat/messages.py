@@ -19,6 +19,7 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
@@ -79,7 +80,17 @@ class MessageWidget(Static, can_focus=True):
     BINDINGS = [
         Binding("up", "neighbour(-1)", "Previous message", show=False, id="message_prev"),
         Binding("down", "neighbour(1)", "Next message", show=False, id="message_next"),
+        Binding("left", "sibling(-1)", "Previous version", show=False, id="sibling_prev"),
+        Binding("right", "sibling(1)", "Next version", show=False, id="sibling_next"),
     ]
+
+    class SiblingRequested(Message):
+        """The user asked to see another version (sibling) of this turn."""
+
+        def __init__(self, turn_id: int, step: int) -> None:
+            super().__init__()
+            self.turn_id = turn_id
+            self.step = step
 
     def __init__(self, turn: TurnView) -> None:
         header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count)
@@ -93,6 +104,10 @@ class MessageWidget(Static, can_focus=True):
     @property
     def turn_id(self) -> int:
         return self.turn.id
+
+    def action_sibling(self, step: int) -> None:
+        if self.turn.sibling_count > 1:
+            self.post_message(self.SiblingRequested(self.turn.id, step))
 
     def action_neighbour(self, step: int) -> None:
         siblings = [w for w in self.parent.children if isinstance(w, MessageWidget)] if self.parent else []
