@@ -234,7 +234,7 @@ class ChatService(SessionBrowsing):
             target = sibs[(index + step) % len(sibs)]
             guarded(lambda: self.store.set_head(session.id, target.id, descend=True))
             self._session = self.store.get_session(session.id)
-            self._state = None  # loaded from the branch's newest snapshot when next needed
+            self._state = self._load_state(self._session)  # the branch's newest snapshot
             return self._turn_view(self.store.get_turn(target.id))
 
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
