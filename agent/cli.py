@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from agent.cli_errors import fail
 from agent.settings import Settings
 
 app = typer.Typer(
@@ -27,10 +28,6 @@ def _root() -> None:
     """laplace: chat with a model whose memory of the session never grows."""
 
 
-def fail(message: str, code: int = 1) -> "typer.Exit":
-    """Print a one-line error to stderr and return the Exit to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _human_bytes(n: float) -> str:

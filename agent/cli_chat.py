@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from agent.cli_errors import fail as _fail
 from agent.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,9 +53,6 @@ def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _progress(label: str, done: int, total: int) -> None:

@@ -17,11 +17,9 @@ from typing import Any, Optional
 
 import typer
 
+from agent.cli_errors import fail as _fail
 from agent.settings import Settings
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
 
 
 def record_run(settings: Settings, summary: dict[str, Any]) -> None:

@@ -17,14 +17,12 @@ from typing import Any, Optional
 
 import typer
 
+from agent.cli_errors import fail as _fail
 from agent.settings import Settings
 
 app = typer.Typer(help="Measure what a fixed state still remembers.", no_args_is_help=True, pretty_exceptions_enable=False)
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
 
 
 def _load(model: str, device: str, settings: Settings):  # type: ignore[no-untyped-def]
