@@ -66,7 +66,9 @@ def check_consistent(db: Path, model: str) -> None:
             for ids in s.branch_token_ids(summary.session.id, snap.turn_id):
                 if ids:
                     _, state = runner.prefill(ids, state)
-            torch.testing.assert_close(stored.gla, state.gla, rtol=1e-5, atol=1e-6)
+            # Thousands of one-token decode steps against a chunked replay of the same tokens:
+            # equal up to fp32 accumulation order (a wrong or missing token would differ by O(1)).
+            torch.testing.assert_close(stored.gla, state.gla, rtol=1e-4, atol=1e-5)
 
 
 def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path, endless):
