@@ -96,7 +96,12 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)
         path = resolve_model_path(spec, settings.models_dir)
-        model_id = str(path.resolve()) if path is not None and path.exists() else spec
+        # Names (default, user models, presets) are stored as names, so a session survives the
+        # package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path.
+        from agent.runtime.checkpoint import PACKAGED_MODELS
+
+        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
+        model_id = spec if named else str(path.resolve())
         try:
             dev = resolve_device(device if device != "auto" else settings.device)
             lm = load_model(spec, device=dev, dtype=parse_dtype(settings.dtype), models_dir=settings.models_dir)
