@@ -14,7 +14,7 @@ question) it measures:
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -64,6 +64,21 @@ def _ask(lm: LoadedModel, state: RecurrentState, f: Fact, rng: random.Random, ma
     return greedy(lm, state, q, max_new)
 
 
+def _sweep(lm: LoadedModel, b: Any, rng: random.Random, plant: list[int], f: Fact,
+           distances: tuple[int, ...]) -> Iterator[tuple[int, str, bool]]:
+    """Fold `plant`, then one stream of filler, asking about `f` at every distance:
+    (distance, reply, ended its turn) per distance, one pass for the whole sweep."""
+    _, state = advance(lm.model, lm.model.new_state(1), plant)
+    fill = _filler(lm, b, rng, max(distances))
+    pos = 0
+    for d in distances:
+        if d > pos:
+            _, state = advance(lm.model, state, fill[pos:d])
+            pos = d
+        reply, ended = _ask(lm, state, f, rng)
+        yield d, reply, ended
+
+
 def _refused(reply: str) -> bool:
     return "haven't told" in reply or "not told" in reply
 
@@ -88,14 +103,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
                 f = Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}",
                          "num5", str(rng.randint(10000, 99999)))
             plant = sys_ids + _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
-            _, state = advance(lm.model, lm.model.new_state(1), plant)
-            fill = _filler(lm, b, rng, max(distances))
-            pos = 0
-            for d in distances:
-                if d > pos:
-                    _, state = advance(lm.model, state, fill[pos:d])
-                    pos = d
-                reply, ended = _ask(lm, state, f, rng)
+            for d, reply, ended in _sweep(lm, b, rng, plant, f, distances):
                 total_replies += 1
                 ends += ended
                 hit[d] += f.value in reply
@@ -113,14 +121,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
             other = new_fact(rng, HELDOUT, set())
             f = new_fact(rng, HELDOUT, {other.key})
             plant = sys_ids + _msg(lm, "user", other.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
-            _, state = advance(lm.model, lm.model.new_state(1), plant)
-            fill = _filler(lm, b, rng, max(distances))
-            pos = 0
-            for d in distances:
-                if d > pos:
-                    _, state = advance(lm.model, state, fill[pos:d])
-                    pos = d
-                reply, ended = _ask(lm, state, f, rng)
+            for d, reply, ended in _sweep(lm, b, rng, plant, f, distances):
                 total_replies += 1
                 ends += ended
                 told[d] += _refused(reply)
@@ -138,14 +139,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
             while f.value == old:
                 f.value = str(rng.randint(10000, 99999))
             ids += _msg(lm, "user", f.statement(rng, HELDOUT, update=True)) + _msg(lm, "assistant", rng.choice(HELDOUT.update_acks))
-            _, state = advance(lm.model, lm.model.new_state(1), ids)
-            fill = _filler(lm, b, rng, max(distances))
-            pos = 0
-            for d in distances:
-                if d > pos:
-                    _, state = advance(lm.model, state, fill[pos:d])
-                    pos = d
-                reply, ended = _ask(lm, state, f, rng)
+            for d, reply, ended in _sweep(lm, b, rng, ids, f, distances):
                 total_replies += 1
                 ends += ended
                 new[d] += f.value in reply
