@@ -24,6 +24,16 @@ DEFAULT_MODEL = "default"
 INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
 OPTION_HELP = "Sampling option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop."
 
+# Options shared by `ask` and `chat` (one declaration each, so the two cannot drift).
+CONTINUE_OPT = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session.")
+SESSION_OPT = typer.Option(None, "--session", help="Continue this session (unique id prefix).")
+MODEL_OPT = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default).")
+SYSTEM_OPT = typer.Option(None, "-s", "--system", help="System prompt for a new session.")
+SAMPLING_OPT = typer.Option(None, "-o", "--option", help=OPTION_HELP)
+DEVICE_OPT = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron")
+REBUILD_OPT = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one.")
+INITIAL_STATE_OPT = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP)
+
 
 def join_option_pairs(argv: list[str]) -> list[str]:
     """Rewrite `-o KEY VALUE` as `-o KEY=VALUE` (click cannot declare a repeated two-value
@@ -191,15 +201,15 @@ def read_prompt(prompt: str) -> str:
 
 def ask(
     prompt: str = typer.Argument(..., help="The message; '-' reads it from stdin."),
-    cont: bool = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session."),
-    session: Optional[str] = typer.Option(None, "--session", help="Continue this session (unique id prefix)."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default)."),
-    system: Optional[str] = typer.Option(None, "-s", "--system", help="System prompt for a new session."),
-    option: Optional[list[str]] = typer.Option(None, "-o", "--option", help=OPTION_HELP),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
+    cont: bool = CONTINUE_OPT,
+    session: Optional[str] = SESSION_OPT,
+    model: Optional[str] = MODEL_OPT,
+    system: Optional[str] = SYSTEM_OPT,
+    option: Optional[list[str]] = SAMPLING_OPT,
+    device: str = DEVICE_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the turn as JSON instead of streaming text."),
-    rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
-    initial_state: Optional[Path] = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP),
+    rebuild_state: bool = REBUILD_OPT,
+    initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
     from agent.chat_types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
@@ -263,15 +273,15 @@ def load_keymap(path: Optional[Path]) -> dict[str, object] | None:
 
 
 def chat(
-    cont: bool = typer.Option(False, "-c", "--continue", help="Resume the most recently updated session."),
-    session: Optional[str] = typer.Option(None, "--session", help="Resume this session (unique id prefix)."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default)."),
-    system: Optional[str] = typer.Option(None, "-s", "--system", help="System prompt for a new session."),
-    option: Optional[list[str]] = typer.Option(None, "-o", "--option", help=OPTION_HELP),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron"),
-    rebuild_state: bool = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one."),
+    cont: bool = CONTINUE_OPT,
+    session: Optional[str] = SESSION_OPT,
+    model: Optional[str] = MODEL_OPT,
+    system: Optional[str] = SYSTEM_OPT,
+    option: Optional[list[str]] = SAMPLING_OPT,
+    device: str = DEVICE_OPT,
+    rebuild_state: bool = REBUILD_OPT,
     keymap: Optional[Path] = typer.Option(None, "--keymap", help="TOML file with a [keys] table: binding id = \"key,key\"."),
-    initial_state: Optional[Path] = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP),
+    initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """The chat TUI: a new session, or resume one with -c / --session."""
     keys = load_keymap(keymap)
