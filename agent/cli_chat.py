@@ -280,7 +280,7 @@ def chat(
     option: Optional[list[str]] = SAMPLING_OPT,
     device: str = DEVICE_OPT,
     rebuild_state: bool = REBUILD_OPT,
-    keymap: Optional[Path] = typer.Option(None, "--keymap", help="TOML file with a [keys] table: binding id = \"key,key\"."),
+    keymap: Optional[Path] = typer.Option(None, "--keymap", help="TOML file with a \\[keys] table: binding id = \"key,key\"."),
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """The chat TUI: a new session, or resume one with -c / --session."""
