@@ -33,6 +33,7 @@ import torch
 from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
+from agent.recipes.phase2 import extend
 from agent.recipes.recall_eval import end_of_turn, evaluate
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
@@ -230,19 +231,19 @@ def _progress(m: dict[str, Any]) -> None:
         log(f"step {m['step']}/{m['total_steps']} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s")
 
 
-def finish(args: argparse.Namespace, trained: dict[str, Any]) -> None:
-    """Evaluate the run and write the shipped model directory with its card."""
+def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -> None:
+    """Evaluate `model_dir` and write the shipped model directory with its card."""
     work = Path(args.work)
     torch.set_num_threads(args.threads)
     _, held_p = split_passages(read_passages())
-    lm = load_model_dir(work / "run")
+    lm = load_model_dir(model_dir)
     t0 = time.perf_counter()
     recall = evaluate(lm, held_p, trials=args.eval_trials)
     eot = end_of_turn(lm, held_p)
     ppl = held_out_perplexity(lambda x: lm.model(x)[0], lm.tokenizer, lm.template, held_p)
     log(f"eval ({time.perf_counter() - t0:.0f} s): recall {recall}; end of turn {eot['ended_within_200']}; held-out ppl {ppl:.2f}")
     hist = trained["history"]
-    tps = [h["tokens_per_s"] for h in hist if h["tokens_per_s"]]
+    tps = [h["tokens_per_s"] for h in hist if h.get("tokens_per_s")]
     card = {
         "name": "default", "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
         "recipe": f"python -m agent.recipes.build_default --seed {args.seed}", "seed": args.seed,
@@ -250,6 +251,7 @@ def finish(args: argparse.Namespace, trained: dict[str, Any]) -> None:
         "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": "cpu (2 cores, fp32)",
         "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
         "curriculum": [{"rows": s[0], "gaps": [s[1], s[2]]} for s in STAGES],
+        "phase2": trained.get("phase2"),
         "stages": hist, "schedule_shortened": trained.get("shortened") or None,
         "data": {
             "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter",
@@ -279,11 +281,29 @@ def main() -> None:
     ap.add_argument("--polish-steps", type=int, default=150, help="final dense drill at rows of 256 (0: none)")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted recipe in --work after its last finished block")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (see baseline.py)")
+    ap.add_argument("--from-model", default=None,
+                    help="skip phase 1 and start phase 2 from this model directory (a phase-1 output)")
+    ap.add_argument("--phase2-steps", type=int, default=2400, help="phase 2 (long-range recall) steps; 0: none")
+    ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
     args = ap.parse_args()
-    trained = train_main(args)
-    if args.polish_steps:
-        trained = polish(args, trained)
-    finish(args, trained)
+    if args.from_model:
+        start = Path(args.from_model)
+        card = load_model_dir(start).card
+        trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card}],
+                                   "steps": card.get("training_steps", 0), "tokens": card.get("training_tokens", 0)}
+    else:
+        trained = train_main(args)
+        if args.polish_steps:
+            trained = polish(args, trained)
+        start = Path(args.work) / "run"
+    model_dir = start
+    if args.phase2_steps:
+        p2 = extend(args, start)
+        trained = {**trained, "history": trained["history"] + p2["history"], "steps": trained["steps"] + p2["steps"],
+                   "tokens": trained["tokens"] + p2["tokens"],
+                   "phase2": {"steps": p2["steps"], "best_step": p2["best_step"], "best_score": p2["best_score"]}}
+        model_dir = Path(args.work) / "phase2_best"
+    finish(args, trained, model_dir)
     if args.baseline:
         from agent.recipes.baseline import run_baseline
 

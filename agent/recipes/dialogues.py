@@ -180,6 +180,7 @@ class DialogueSpec:
     name_prob: float = 0.0  # chance of "What is your name?" (answered from the system prompt)
     never_prob: float = 0.10  # chance of a question about a fact never stated
     near_miss: float = 0.0  # share of never-stated questions about a thing one word off a stated one
+    update_prob: float = 0.08  # chance per free slot of changing a live fact's value
 
 
 @dataclass
@@ -250,8 +251,12 @@ class Builder:
         taken: set[tuple[str, str]] = set()
         asked_name = False
 
+        # Room for the shortest closing message ("Okay"): 4 tokens with the trained BPE, more
+        # with a byte-level tokenizer.
+        reserve = self.count({"role": "user", "content": "Okay"})
+
         def fits(new: list[Message]) -> bool:
-            return pos + sum(self.count(m) for m in new) <= spec.length - 4
+            return pos + sum(self.count(m) for m in new) <= spec.length - reserve
 
         for _ in range(400):
             due = [lv for lv in live if lv.due <= pos]
@@ -263,11 +268,11 @@ class Builder:
                 kind = "plant"
             elif r < spec.plant_prob + spec.never_prob:
                 kind = "never"
-            elif r < spec.plant_prob + spec.never_prob + 0.08 and live:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob and live:
                 kind = "update"
-            elif r < spec.plant_prob + spec.never_prob + 0.08 + spec.doc_prob and len(live) < spec.max_live:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob and len(live) < spec.max_live:
                 kind = "doc"
-            elif r < spec.plant_prob + spec.never_prob + 0.08 + spec.doc_prob + spec.name_prob and not asked_name:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob + spec.name_prob and not asked_name:
                 kind = "name"
             new: list[Message]
             if kind == "ask":

@@ -10,7 +10,10 @@ adjective/noun key lists (agent/probes/text.py), so `laplace probe run` keys are
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
+from typing import Iterable
 
 
 def _w(s: str) -> tuple[str, ...]:
@@ -97,3 +100,18 @@ HELDOUT = World(
     colors=_w("navy olive maroon beige"),
     months=_w("January March May July September November"),
 )
+
+
+def widened(world: World, texts: Iterable[str], *, banned: Iterable[str] = (), min_count: int = 3) -> World:
+    """`world` with thousands more thing words: every lower-case word of 4-9 letters seen at
+    least `min_count` times in `texts` (the training docstrings), minus `banned` (the
+    held-out world's and the probe suite's words). With a few dozen key words the model can
+    learn one embedding per key; with thousands it has to learn to match whatever words the
+    user used, which is what a new fact in a new wording needs."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        for w in re.findall(r"\b[a-z]{4,9}\b", text):
+            counts[w] = counts.get(w, 0) + 1
+    drop = {w.lower() for w in banned} | set(world.thing_adj) | set(world.thing_noun)
+    pool = sorted(w for w, c in counts.items() if c >= min_count and w not in drop)
+    return dataclasses.replace(world, thing_adj=world.thing_adj + tuple(pool[::2]), thing_noun=world.thing_noun + tuple(pool[1::2]))

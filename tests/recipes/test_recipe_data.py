@@ -12,6 +12,7 @@ from agent.probes import text as probe_text
 from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
+from agent.recipes.phase2 import phase2_world, score
 from agent.recipes.vocab import HELDOUT, TRAIN
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from agent.train.data import load_documents, pack
@@ -38,7 +39,7 @@ def test_training_keys_avoid_the_probe_suites_key_words() -> None:
     assert not (set(TRAIN.thing_adj) | set(TRAIN.thing_noun)) & probe
 
 
-@pytest.mark.parametrize("length", [256, 512])
+@pytest.mark.parametrize("length", [256, 512, 1024])
 def test_dialogues_are_exact_rows_and_seeded(length: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
     tok, template = byte_level_tokenizer(), ChatTemplate()
     spec = DialogueSpec(length=length, gap_min=0, gap_max=length // 2)
@@ -96,3 +97,32 @@ def test_tokenizer_is_seeded_and_has_chat_tokens() -> None:
     assert len(a.encode(" 48213")) == 6  # a space, then one token per digit
     assert a.decode(a.encode("The code for the red door is 48213.")) == "The code for the red door is 48213."
     json.loads(a.to_json())
+
+
+def test_phase2_world_widens_keys_but_keeps_held_out_and_probe_words_out() -> None:
+    train, _ = split_passages(read_passages())
+    world = phase2_world(train)
+    things = set(world.thing_adj) | set(world.thing_noun)
+    assert len(things) > 10 * len(set(TRAIN.thing_adj) | set(TRAIN.thing_noun))
+    assert not things & (set(HELDOUT.thing_adj) | set(HELDOUT.thing_noun))
+    assert not things & (set(probe_text.ADJECTIVES) | set(probe_text.NOUNS))
+    assert world.code_statements == TRAIN.code_statements and world.people == TRAIN.people
+
+
+@pytest.mark.parametrize("update_prob", [0.0, 0.3])
+def test_update_rate_follows_the_spec(update_prob: float) -> None:
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
+    rng = random.Random(3)
+    for _ in range(30):
+        b.dialogue(rng, DialogueSpec(length=1024, gap_min=200, gap_max=400, update_prob=update_prob))
+    updates = b.stats.get("updates", 0)
+    assert (updates == 0) if update_prob == 0 else (updates >= 20)  # 8 at the old fixed rate of 0.08
+
+
+def test_phase2_score_rewards_recall_and_not_told_and_penalizes_stale() -> None:
+    perfect = {"recall_5digit": {256: 1.0, 512: 1.0}, "not_told": {256: 1.0}, "update_stale": {256: 0.0}}
+    stale = {**perfect, "update_stale": {256: 1.0}}
+    forgetful = {**perfect, "recall_5digit": {256: 1.0, 512: 0.0}}
+    assert score(perfect) == 1.0
+    assert score(stale) == score(forgetful) == 0.75

@@ -1,0 +1,137 @@
+"""Phase 2 of the default model's recipe: long-range recall, "not told" and updates.
+
+Phase 1 (`build_default.train_main`) ends with a model that holds the chat format and
+recalls a fact at short range (about 0.8 of 5-digit codes at 64-128 tokens) but not at 512,
+answers every never-stated question with an invented value, and often gives the old value
+after an update. It got there late: its longer rows came in after a budget cut, with too
+few steps to matter. Phase 2 starts from that model and cycles through blocks of
+
+- rows of 512 tokens, questions 0-450 tokens after the fact;
+- rows of 1,024, questions 32-900 tokens after the fact;
+- a short dense drill at rows of 256 (keeps short-range recall sharp),
+
+all with more never-stated controls (half of them one word off a stated key), more
+updates, answers weighted x4, and thousands of key words drawn from the training
+docstrings (`vocab.widened`) so that matching a key cannot be memorized per word. After
+every cycle a validation run (held-out world, its own seed, not the final evaluation's)
+scores recall at 256 and 512, "not told" and stale updates, and the best checkpoint is
+kept; one WSD schedule spans the whole phase, so the last cycles are its decay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.probes import text as probe_text
+from agent.recipes import data as rdata
+from agent.recipes.corpus import Passage, read_passages, split_passages
+from agent.recipes.dialogues import DialogueSpec
+from agent.recipes.recall_eval import evaluate
+from agent.recipes.vocab import HELDOUT, TRAIN, World, widened
+from agent.recipes.weighted import WeightedTrainer
+from agent.runtime.checkpoint import load_model_dir
+from agent.train.config import TrainConfig
+
+BATCH_TOKENS = 4096
+LR = 1e-3
+ANSWER_WEIGHT = 4.0
+COMMON = dict(never_prob=0.15, near_miss=0.5, update_prob=0.14, name_prob=0.04)
+# (name, DialogueSpec fields, steps per cycle)
+BLOCKS: tuple[tuple[str, dict[str, Any], int], ...] = (
+    ("rows512", dict(length=512, gap_min=0, gap_max=450, max_live=8), 80),
+    ("rows1024", dict(length=1024, gap_min=32, gap_max=900, max_live=12), 80),
+    ("drill256", dict(length=256, gap_min=0, gap_max=96, max_live=8, plant_prob=0.6, filler_words=20, small_talk=0.8,
+                      doc_prob=0.04), 40),
+)
+VAL_SEED = 5_551_212  # held-out world; the final evaluation uses recall_eval.EVAL_SEED
+
+
+def phase2_world(train_passages: list[Passage]) -> World:
+    """The training world widened with the training docstrings' words, minus every word the
+    held-out world or the probe suite uses as a key."""
+    banned = tuple(HELDOUT.thing_adj) + tuple(HELDOUT.thing_noun) + tuple(probe_text.ADJECTIVES) + tuple(probe_text.NOUNS)
+    return widened(TRAIN, (p.text for p in train_passages), banned=banned)
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def score(val: dict[str, Any]) -> float:
+    """One number to pick the checkpoint by: the issue's four recall floors, equally weighted."""
+    r5, nt, st = val["recall_5digit"], val["not_told"], val["update_stale"]
+    return (r5[256] + r5[512] + nt[256] + (1 - st[256])) / 4
+
+
+def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
+    """Train phase 2 from the model directory `start`; returns its history. The best
+    checkpoint is left in <work>/phase2_best."""
+    work = Path(args.work)
+    torch.set_num_threads(args.threads)
+    train_p, held_p = split_passages(read_passages())
+    world = phase2_world(train_p)
+    log(f"phase 2 from {start}: {len(world.thing_adj)} x {len(world.thing_noun)} thing words")
+    base = load_model_dir(start)
+    tok, template = base.tokenizer, base.template
+    run, best = work / "phase2", work / "phase2_best"
+    for d in (run, best):
+        if d.exists():
+            shutil.rmtree(d)
+    total = args.phase2_steps
+    step, cycle, best_score = 0, 0, -1.0
+    history: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    while step < total:
+        for b, (name, fields, steps) in enumerate(BLOCKS):
+            if step >= total:
+                break
+            if args.phase2_minutes and step:
+                per_step = (time.perf_counter() - t0) / step
+                allowed = int(step + (args.phase2_minutes * 60 - (time.perf_counter() - t0)) / per_step)
+                if allowed < total:
+                    total = max(step + 1, allowed)
+                    log(f"budget: {per_step:.2f} s/step (with validation), phase 2 cut to {total} steps")
+            spec = DialogueSpec(**{**COMMON, **fields})
+            folder = work / f"phase2_data_{cycle}_{name}"
+            n = math.ceil(steps * BATCH_TOKENS / spec.length * 1.1)
+            info = rdata.write_stage(folder, seed=args.seed + 7919 * (cycle + 1), stage=100 + b, spec=spec, n_dialogues=n,
+                                     passages=train_p, tok=tok, template=template, world=world)
+            end = min(total, step + steps)
+            log(f"phase 2 cycle {cycle} {name}: steps {step}..{end} of {total}; {info}")
+            cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(start), steps=total, seq_len=spec.length,
+                              batch_tokens=BATCH_TOKENS, lr=LR, warmup=20, schedule="wsd", decay_fraction=0.2,
+                              resume=str(run) if step else None, stop_after=end, seed=args.seed, device="cpu")
+            summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=ANSWER_WEIGHT).run()
+            shutil.rmtree(folder)  # rebuilt from the seed if ever needed
+            history.append({"phase": 2, "cycle": cycle, "block": name, "data": info, "steps": [step, end],
+                            "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
+            step = end
+        lm = load_model_dir(run)
+        val = evaluate(lm, held_p, distances=(256, 512), trials=16, seed=VAL_SEED)
+        s = score(val)
+        history[-1]["validation"] = {"step": step, "score": s, "recall_5digit": val["recall_5digit"], "not_told": val["not_told"],
+                                     "update_stale": val["update_stale"], "refused_stated": val["refused_stated"]}
+        log(f"validation after step {step}: score {s:.3f} recall5 {val['recall_5digit']} not told {val['not_told']} "
+            f"stale {val['update_stale']} refused {val['refused_stated']}")
+        if s > best_score:
+            best_score = s
+            if best.exists():
+                shutil.rmtree(best)
+            shutil.copytree(run, best, ignore=shutil.ignore_patterns("trainer"))
+            (best / "phase2_step.txt").write_text(str(step), encoding="utf-8")
+            log(f"new best checkpoint at step {step}")
+        cycle += 1
+    return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "best_score": best_score,
+            "best_step": int((best / "phase2_step.txt").read_text(encoding="utf-8"))}
+
+
+def _progress(m: dict[str, Any]) -> None:
+    if m["step"] % 20 == 0:
+        log(f"step {m['step']}/{m['total_steps']} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s")
