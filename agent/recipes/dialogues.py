@@ -181,6 +181,10 @@ class DialogueSpec:
     never_prob: float = 0.10  # chance of a question about a fact never stated
     near_miss: float = 0.0  # share of never-stated questions about a thing one word off a stated one
     update_prob: float = 0.08  # chance per free slot of changing a live fact's value
+    # Draw each dialogue's cap on live facts from 1..max_live (and chat instead of planting
+    # when it is full), so that questions also come when one or two facts are known: a
+    # never-stated question then cannot be answered by "the only value I hold".
+    vary_live: bool = False
 
 
 @dataclass
@@ -250,6 +254,7 @@ class Builder:
         live: list[Live] = []
         taken: set[tuple[str, str]] = set()
         asked_name = False
+        cap = rng.randint(1, spec.max_live) if spec.vary_live else spec.max_live
 
         # Room for the shortest closing message ("Okay"): 4 tokens with the trained BPE, more
         # with a byte-level tokenizer.
@@ -264,13 +269,15 @@ class Builder:
             kind = "filler"
             if due:
                 kind = "ask"
-            elif r < spec.plant_prob and len(live) < spec.max_live:
+            elif r < spec.plant_prob and len(live) < cap:
                 kind = "plant"
+            elif r < spec.plant_prob and spec.vary_live:
+                kind = "filler"
             elif r < spec.plant_prob + spec.never_prob:
                 kind = "never"
             elif r < spec.plant_prob + spec.never_prob + spec.update_prob and live:
                 kind = "update"
-            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob and len(live) < spec.max_live:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob and len(live) < cap:
                 kind = "doc"
             elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob + spec.name_prob and not asked_name:
                 kind = "name"
@@ -281,7 +288,7 @@ class Builder:
             elif kind == "plant":
                 n = 1 if rng.random() < 0.7 else rng.randint(2, 3)
                 facts = []
-                for _ in range(min(n, spec.max_live - len(live))):
+                for _ in range(min(n, cap - len(live))):
                     f = new_fact(rng, w, taken)
                     taken.add(f.key)
                     facts.append(f)

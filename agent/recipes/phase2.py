@@ -42,7 +42,7 @@ from agent.train.config import TrainConfig
 BATCH_TOKENS = 4096
 LR = 1e-3
 ANSWER_WEIGHT = 4.0
-COMMON = dict(never_prob=0.15, near_miss=0.5, update_prob=0.14, name_prob=0.04)
+COMMON = dict(never_prob=0.15, near_miss=0.5, update_prob=0.2, name_prob=0.04, vary_live=True)
 # (name, DialogueSpec fields, steps per cycle)
 BLOCKS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("rows512", dict(length=512, gap_min=0, gap_max=450, max_live=8), 80),

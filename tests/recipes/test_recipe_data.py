@@ -126,3 +126,19 @@ def test_phase2_score_rewards_recall_and_not_told_and_penalizes_stale() -> None:
     forgetful = {**perfect, "recall_5digit": {256: 1.0, 512: 0.0}}
     assert score(perfect) == 1.0
     assert score(stale) == score(forgetful) == 0.75
+
+
+def test_vary_live_caps_some_dialogues_at_one_or_two_facts() -> None:
+    # Questions only come after 700 tokens, so the facts stated before then are the cap.
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    per: dict[bool, list[int]] = {}
+    for vary in (False, True):
+        b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
+        rng = random.Random(3)
+        per[vary] = []
+        for _ in range(30):
+            before = b.stats.get("facts", 0)
+            b.dialogue(rng, DialogueSpec(length=1024, gap_min=700, gap_max=700, max_live=8, plant_prob=0.6, vary_live=vary))
+            per[vary].append(b.stats["facts"] - before)
+    assert sum(n <= 2 for n in per[True]) >= 3 > sum(n <= 2 for n in per[False])
+    assert max(per[True]) >= 5
