@@ -289,7 +289,9 @@ def main() -> None:
     if args.from_model:
         start = Path(args.from_model)
         card = load_model_dir(start).card
-        trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card}],
+        log_path = start / "training_log.json"  # phase 1's stages, written by card.py
+        phase1_log = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else None
+        trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card, "log": phase1_log}],
                                    "steps": card.get("training_steps", 0), "tokens": card.get("training_tokens", 0)}
     else:
         trained = train_main(args)

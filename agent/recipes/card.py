@@ -50,10 +50,28 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     if isinstance(card.get("data"), dict):
         card["data"] = "Python stdlib docstrings (PSF-2.0, read from the local interpreter) + synthetic template dialogues (agent/recipes)"
     stages = detail.get("stages") or []
-    card["curriculum"] = " -> ".join(
-        f"{h['data']['length']}{'d' if h.get('drill') else ''}x{h['steps'][1] - h['steps'][0]}" for h in stages if h["steps"][1] > h["steps"][0]
-    ) + "  (row length x steps; d = dense drill)"
-    card["go_no_go"] = " ".join(f"step {h['steps'][1]}: {h['gate']['mean']:.2f}" for h in stages if "gate" in h) + " (recall at <=128, gate 0.5)"
+    given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
+    phase2 = [h for h in stages if h.get("phase") == 2]
+    if given is not None:
+        card["curriculum"] = given["card"].get("curriculum")
+        card["go_no_go"] = given["card"].get("go_no_go")
+        if given["card"].get("ppl_vs_softmax"):
+            card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
+    else:
+        phase1 = [h for h in stages if h.get("phase") != 2]
+        card["curriculum"] = " -> ".join(
+            f"{h['data']['length']}{'d' if h.get('drill') else ''}x{h['steps'][1] - h['steps'][0]}" for h in phase1 if h["steps"][1] > h["steps"][0]
+        ) + "  (row length x steps; d = dense drill)"
+        card["go_no_go"] = " ".join(f"step {h['steps'][1]}: {h['gate']['mean']:.2f}" for h in phase1 if "gate" in h) + " (recall at <=128, gate 0.5)"
+    if phase2:
+        blocks = []
+        for h in phase2:
+            if h["cycle"] == 0:
+                blocks.append(f"{h['data']['length']}x{h['steps'][1] - h['steps'][0]}")
+        best = card.get("phase2", {}).get("best_step")
+        card["curriculum_phase2"] = (f"{phase2[-1]['cycle'] + 1} cycles of {' -> '.join(blocks)} ({phase2[-1]['steps'][1]} steps); "
+                                     f"kept: step {best}, the best validation score")
+        card["phase2_validation"] = " ".join(f"{h['validation']['step']}:{h['validation']['score']:.2f}" for h in phase2 if "validation" in h)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

@@ -1,0 +1,40 @@
+"""card.py folds a two-phase recipe's history into one-line card entries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.recipes.card import update_card
+
+
+def _eval(work: Path) -> None:
+    rates = {"0": 1.0, "256": 0.875, "512": 0.75}
+    work.mkdir()
+    (work / "eval.json").write_text(json.dumps({
+        "recall": {"recall_5digit": rates, "not_told": rates, "update_stale": {"0": 0.0, "256": 0.125, "512": 0.25}},
+        "end_of_turn": {"ended_within_200": 1.0}, "ppl": 120.5}))
+
+
+def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path) -> None:
+    given = {"curriculum": "256x250 -> 256dx150", "go_no_go": "step 250: 0.00", "ppl_vs_softmax": "GLA 118 vs softmax 128"}
+    blocks = [("rows512", 512, 80), ("rows1024", 1024, 80), ("drill256", 256, 40)]
+    stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None}]
+    step = 0
+    for cycle in range(2):
+        for name, length, n in blocks:
+            stages.append({"phase": 2, "cycle": cycle, "block": name, "data": {"length": length}, "steps": [step, step + n]})
+            step += n
+        stages[-1]["validation"] = {"step": step, "score": 0.5 + cycle / 10}
+    model = tmp_path / "model"
+    model.mkdir()
+    card = {"name": "default", "stages": stages, "eval": {}, "phase2": {"steps": step, "best_step": 400, "best_score": 0.6}}
+    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    _eval(tmp_path / "work")
+    out = update_card(model, tmp_path / "work", None)
+    assert out["curriculum"] == given["curriculum"] and out["go_no_go"] == given["go_no_go"]
+    assert out["ppl_vs_softmax"] == given["ppl_vs_softmax"]
+    assert out["curriculum_phase2"].startswith("2 cycles of 512x80 -> 1024x80 -> 256x40 (400 steps)")
+    assert out["phase2_validation"] == "200:0.50 400:0.60"
+    assert out["heldout_recall_5digit"] == "0:1.00 256:0.88 512:0.75"
+    assert "stages" not in out and json.loads((model / "training_log.json").read_text())["stages"] == stages
