@@ -8,7 +8,8 @@ few steps to matter. Phase 2 starts from that model and cycles through blocks of
 
 - rows of 512 tokens, questions 0-450 tokens after the fact;
 - rows of 1,024, questions 32-900 tokens after the fact;
-- a short dense drill at rows of 256 (keeps short-range recall sharp),
+- a short dense drill at rows of 256 (keeps short-range recall sharp);
+- rows of 256 with one or two facts and many never-stated questions,
 
 all with more never-stated controls (half of them one word off a stated key), more
 updates, answers weighted x4, and thousands of key words drawn from the training
@@ -49,6 +50,9 @@ BLOCKS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("rows1024", dict(length=1024, gap_min=32, gap_max=900, max_live=12), 80),
     ("drill256", dict(length=256, gap_min=0, gap_max=96, max_live=8, plant_prob=0.6, filler_words=20, small_talk=0.8,
                       doc_prob=0.04), 40),
+    # One or two facts and many questions about things never said: with little in memory
+    # the only stored value is the tempting wrong answer to a never-stated question.
+    ("sparse256", dict(length=256, gap_min=0, gap_max=200, max_live=2, plant_prob=0.35, never_prob=0.3, near_miss=0.3), 40),
 )
 VAL_SEED = 5_551_212  # held-out world; the final evaluation uses recall_eval.EVAL_SEED
 

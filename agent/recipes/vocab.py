@@ -103,9 +103,9 @@ HELDOUT = World(
 
 
 def widened(world: World, texts: Iterable[str], *, banned: Iterable[str] = (), min_count: int = 3) -> World:
-    """`world` with thousands more thing words: every lower-case word of 4-9 letters seen at
-    least `min_count` times in `texts` (the training docstrings), minus `banned` (the
-    held-out world's and the probe suite's words). With a few dozen key words the model can
+    """`world` with thousands more thing words and a few hundred more slots: every lower-case
+    word of 4-9 letters seen at least `min_count` times in `texts` (the training docstrings),
+    minus `banned` (the held-out world's and the probe suite's words). With a few dozen key words the model can
     learn one embedding per key; with thousands it has to learn to match whatever words the
     user used, which is what a new fact in a new wording needs."""
     counts: dict[str, int] = {}
@@ -114,4 +114,10 @@ def widened(world: World, texts: Iterable[str], *, banned: Iterable[str] = (), m
             counts[w] = counts.get(w, 0) + 1
     drop = {w.lower() for w in banned} | set(world.thing_adj) | set(world.thing_noun)
     pool = sorted(w for w, c in counts.items() if c >= min_count and w not in drop)
-    return dataclasses.replace(world, thing_adj=world.thing_adj + tuple(pool[::2]), thing_noun=world.thing_noun + tuple(pool[1::2]))
+    # The user's own details get new slot names too ("my widget number", "my parser's
+    # name"), so a slot the model never saw is copied from the question, not guessed.
+    kinds = (("number", "num3"), ("number", "num5"), ("name", "person"), ("code", "num4"))
+    slots = tuple((f"{w}'s name" if noun == "name" else f"{w} {noun}", kind)
+                  for i, w in enumerate(pool[::10]) for noun, kind in [kinds[i % len(kinds)]])
+    return dataclasses.replace(world, thing_adj=world.thing_adj + tuple(pool[::2]), thing_noun=world.thing_noun + tuple(pool[1::2]),
+                               slots=world.slots + slots)

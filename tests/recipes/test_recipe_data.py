@@ -107,6 +107,9 @@ def test_phase2_world_widens_keys_but_keeps_held_out_and_probe_words_out() -> No
     assert not things & (set(HELDOUT.thing_adj) | set(HELDOUT.thing_noun))
     assert not things & (set(probe_text.ADJECTIVES) | set(probe_text.NOUNS))
     assert world.code_statements == TRAIN.code_statements and world.people == TRAIN.people
+    slots = {name for name, _ in world.slots}
+    assert len(slots) > 5 * len(TRAIN.slots) and not slots & {name for name, _ in HELDOUT.slots}
+    assert {kind for _, kind in world.slots} <= {kind for _, kind in TRAIN.slots}
 
 
 @pytest.mark.parametrize("update_prob", [0.0, 0.3])
