@@ -33,7 +33,7 @@ class ReportError(ValueError):
     """A file is not a probe report this version can read."""
 
 
-def _cell(probe: str, filler: str, d: int, results: list) -> dict[str, Any]:
+def _cell(probe: str, filler: str, d: int, results: list, kinds: list[str] | None = None) -> dict[str, Any]:
     n = len(results)
     top1 = sum(a.top1 for a, _ in results)
     chance = sum(1 / a.n_candidates for a, _ in results) / n
@@ -49,6 +49,10 @@ def _cell(probe: str, filler: str, d: int, results: list) -> dict[str, Any]:
         "lift": _round(lift), "lift_ci": [_round(llo), _round(lhi)],
         "blank_top1": _round(sum(a.blank_rank == 1 for a, _ in results) / n),
     }
+    if kinds and len(kinds) == n and len(set(kinds)) > 1:
+        # Greedy exact recall per value kind ("digits" is the 5-digit number).
+        cell["exact_by_kind"] = {k: _round(sum(a.exact for (a, _), kk in zip(results, kinds) if kk == k) / kinds.count(k))
+                                 for k in sorted(set(kinds))}
     if any(s is not None for _, s in results):
         stale = sum(bool(s) for _, s in results) / n
         cell["stale"] = _round(stale)
@@ -86,7 +90,7 @@ def build_report(outcome: Outcome, loaded: LoadedModel, *, device: str = "cpu") 
             for d in sorted(set(s.distances)):
                 res = outcome.answers.get((p, f, d))
                 if res:
-                    c = _cell(p, f, d, res)
+                    c = _cell(p, f, d, res, outcome.kinds.get((p, f, d)))
                     cells.append(c)
                     rows.setdefault((p, f), []).append(c)
     for (p, f), rc in rows.items():

@@ -36,6 +36,7 @@ class Outcome:
     seed: int
     style: str
     answers: dict[tuple[str, str, int], list[tuple[Answer, bool | None]]] = field(default_factory=dict)
+    kinds: dict[tuple[str, str, int], list[str]] = field(default_factory=dict)  # value kind per answer
     ledgers: dict[str, dict] = field(default_factory=dict)
     trace: dict | None = None
     resume: dict | None = None
@@ -147,6 +148,7 @@ class SuiteRunner:
             blank = blank or answers
             stale = [None if x.stale is None else cs[a.pick] == x.stale for a, x, cs in zip(answers, samples, cands)]
             out.answers.setdefault((probe, filler.name, d), []).extend(zip(answers, stale))
+            out.kinds.setdefault((probe, filler.name, d), []).extend(x.value_kind for x in samples)
         if ledger and decays:
             out.ledgers[filler.name] = retention_ledger(torch.cat(decays, dim=1), distances)
 

@@ -123,3 +123,15 @@ def test_load_report_rejects_other_files(tmp_path, mini_report):
     p.write_text(json.dumps(future))
     with pytest.raises(ReportError, match="schema version 99"):
         load_report(p)
+
+
+def test_passkey_cells_break_exact_recall_down_by_value_kind(mini_report):
+    # passkey cycles 5-digit numbers, word pairs and hex ids; the 5-digit rate is the one
+    # the default model's floor is stated in, so each cell carries it separately.
+    cells = [c for c in mini_report["cells"] if c["probe"] == "passkey"]
+    assert cells and all(set(c["exact_by_kind"]) == {"digits", "words", "hex"} for c in cells)
+    for c in cells:
+        per = c["exact_by_kind"]
+        assert min(per.values()) <= c["exact"] <= max(per.values())
+    # update uses 5-digit values only: nothing to break down.
+    assert all("exact_by_kind" not in c for c in mini_report["cells"] if c["probe"] == "update")
