@@ -1,0 +1,31 @@
+"""The recipe's phase 2 end to end on the tiny preset: `--from-model` -> model directory + card."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.checkpoint import load_model, load_model_dir, save_model_dir
+
+
+@pytest.mark.slow
+def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp_path: Path) -> None:
+    start = tmp_path / "phase1"
+    save_model_dir(load_model("tiny"), start)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "2",
+           "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+    lm = load_model_dir(out)
+    card = lm.card
+    assert card["phase2"]["steps"] == 2 and card["phase2"]["best_step"] == 2
+    assert card["training_tokens"] == 2 * 4096
+    stages = card["stages"]
+    assert stages[0]["phase"] == 1 and stages[0]["from_model"] == str(start)
+    assert stages[1]["block"] == "rows512" and "validation" in stages[1]
+    ev = json.loads((tmp_path / "work" / "eval.json").read_text())
+    assert set(ev["recall"]["recall_5digit"]) == {"0", "64", "128", "256", "512", "1024", "2048"}
