@@ -34,6 +34,7 @@ from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
 from agent.recipes.phase2 import extend
+from agent.recipes.phase2 import polish as polish2
 from agent.recipes.recall_eval import end_of_turn, evaluate
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
@@ -285,6 +286,7 @@ def main() -> None:
                     help="skip phase 1 and start phase 2 from this model directory (a phase-1 output)")
     ap.add_argument("--phase2-steps", type=int, default=2400, help="phase 2 (long-range recall) steps; 0: none")
     ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
+    ap.add_argument("--phase2-polish-steps", type=int, default=500, help="last drill with more text after phase 2; 0: none")
     args = ap.parse_args()
     if args.from_model:
         start = Path(args.from_model)
@@ -301,10 +303,16 @@ def main() -> None:
     model_dir = start
     if args.phase2_steps:
         p2 = extend(args, start)
-        trained = {**trained, "history": trained["history"] + p2["history"], "steps": trained["steps"] + p2["steps"],
-                   "tokens": trained["tokens"] + p2["tokens"],
-                   "phase2": {"steps": p2["steps"], "best_step": p2["best_step"], "best_score": p2["best_score"]}}
-        model_dir = Path(args.work) / "phase2_best"
+        steps = p2["steps"]
+        history = trained["history"] + p2["history"]
+        model_dir = Path(args.work) / "phase2"
+        if args.phase2_polish_steps:
+            history.append(polish2(args, model_dir))
+            steps += args.phase2_polish_steps
+            model_dir = Path(args.work) / "phase2_polish"
+        trained = {**trained, "history": history, "steps": trained["steps"] + steps, "tokens": trained["tokens"] + steps * BATCH_TOKENS,
+                   "phase2": {"steps": p2["steps"], "polish_steps": args.phase2_polish_steps,
+                              "best_validation_step": p2["best_step"], "best_validation_score": p2["best_score"]}}
     finish(args, trained, model_dir)
     if args.baseline:
         from agent.recipes.baseline import run_baseline

@@ -21,7 +21,8 @@ def probe_table(report: dict[str, Any], probe: str = "passkey") -> dict[str, dic
     out: dict[str, dict[int, dict[str, float]]] = {}
     for c in report["cells"]:
         if c["probe"] == probe:
-            out.setdefault(c["filler"], {})[c["distance"]] = {"exact": c["exact"], "top1": c["top1"]}
+            out.setdefault(c["filler"], {})[c["distance"]] = {"exact": c["exact"], "top1": c["top1"],
+                                                              "digits": c.get("exact_by_kind", {}).get("digits")}
     return out
 
 
@@ -57,6 +58,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         card["go_no_go"] = given["card"].get("go_no_go")
         if given["card"].get("ppl_vs_softmax"):
             card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
+        if given["card"].get("tokens_per_s") and isinstance(card.get("tokens_per_s"), (int, float)):
+            card["tokens_per_s"] = f"phase 1: {given['card']['tokens_per_s']}, phase 2: {card['tokens_per_s']}"
     else:
         phase1 = [h for h in stages if h.get("phase") != 2]
         card["curriculum"] = " -> ".join(
@@ -66,12 +69,14 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     if phase2:
         blocks = []
         for h in phase2:
-            if h["cycle"] == 0:
+            if h.get("cycle") == 0:
                 blocks.append(f"{h['data']['length']}x{h['steps'][1] - h['steps'][0]}")
-        best = card.get("phase2", {}).get("best_step")
-        card["curriculum_phase2"] = (f"{phase2[-1]['cycle'] + 1} cycles of {' -> '.join(blocks)} ({phase2[-1]['steps'][1]} steps); "
-                                     f"kept: step {best}, the best validation score")
-        card["phase2_validation"] = " ".join(f"{h['validation']['step']}:{h['validation']['score']:.2f}" for h in phase2 if "validation" in h)
+        cycles = [h for h in phase2 if "cycle" in h]
+        polish = next((h for h in phase2 if h.get("block") == "polish"), None)
+        card["curriculum_phase2"] = (f"{cycles[-1]['cycle'] + 1} cycles of {' -> '.join(blocks)} ({cycles[-1]['steps'][1]} steps)"
+                                     + (f", then a {polish['steps'][1]}-step drill with more text at lr {polish['lr']:g} decaying to 0"
+                                        if polish else ""))
+        card["phase2_validation"] = " ".join(f"{h['validation']['step']}:{h['validation']['score']:.2f}" for h in cycles if "validation" in h)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])
@@ -91,6 +96,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         for filler, by_d in table.items():
             card[f"probe_passkey_{filler}"] = "top-1/exact " + " ".join(
                 f"{d}:{v['top1']:.2f}/{v['exact']:.2f}" for d, v in sorted(by_d.items()))
+            if all(v["digits"] is not None for v in by_d.values()):
+                card[f"probe_passkey_{filler}_5digit_exact"] = " ".join(f"{d}:{v['digits']:.2f}" for d, v in sorted(by_d.items()))
         card["probe_d50"] = {f"{s['probe']}/{s['filler']}": s["d50"] for s in probe_summary(rep) if s["probe"] == "passkey"}
     meta["card"] = card
     cfg_path.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")

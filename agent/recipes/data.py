@@ -98,13 +98,13 @@ def write_text(path: Path, passages: list[Passage]) -> None:
 
 
 def write_stage(folder: Path, *, seed: int, stage: int, spec: DialogueSpec, n_dialogues: int, passages: list[Passage],
-                tok: Tokenizer, template: ChatTemplate, world: World = TRAIN) -> dict:
+                tok: Tokenizer, template: ChatTemplate, world: World = TRAIN, text_share: float = TEXT_SHARE) -> dict:
     """Stage folder: a_dialogues.jsonl (exact rows first) then b_text.jsonl (docstrings)."""
     rng = random.Random(seed * 1000 + stage)
     builder = make_builder(world, passages, tok, template)
     tokens = write_dialogues(folder / "a_dialogues.jsonl", builder, rng, spec, n_dialogues, tok, template)
-    # Plain English is about TEXT_SHARE of the stage's tokens (~4 characters a token).
-    want_chars = TEXT_SHARE / (1 - TEXT_SHARE) * tokens * 4
+    # Plain English is about `text_share` of the stage's tokens (~4 characters a token).
+    want_chars = text_share / (1 - text_share) * tokens * 4
     picked, chars = [], 0
     for p in rng.sample(passages, len(passages)):
         if chars >= want_chars:

@@ -17,7 +17,8 @@ def _eval(work: Path) -> None:
 
 
 def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path) -> None:
-    given = {"curriculum": "256x250 -> 256dx150", "go_no_go": "step 250: 0.00", "ppl_vs_softmax": "GLA 118 vs softmax 128"}
+    given = {"curriculum": "256x250 -> 256dx150", "go_no_go": "step 250: 0.00", "ppl_vs_softmax": "GLA 118 vs softmax 128",
+             "tokens_per_s": 2129}
     blocks = [("rows512", 512, 80), ("rows1024", 1024, 80), ("drill256", 256, 40)]
     stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None}]
     step = 0
@@ -28,13 +29,15 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
         stages[-1]["validation"] = {"step": step, "score": 0.5 + cycle / 10}
     model = tmp_path / "model"
     model.mkdir()
-    card = {"name": "default", "stages": stages, "eval": {}, "phase2": {"steps": step, "best_step": 400, "best_score": 0.6}}
+    stages.append({"phase": 2, "block": "polish", "data": {"length": 256}, "steps": [0, 50], "lr": 3e-4})
+    card = {"name": "default", "stages": stages, "eval": {}, "phase2": {"steps": step}, "tokens_per_s": 4402}
     (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
     _eval(tmp_path / "work")
     out = update_card(model, tmp_path / "work", None)
     assert out["curriculum"] == given["curriculum"] and out["go_no_go"] == given["go_no_go"]
     assert out["ppl_vs_softmax"] == given["ppl_vs_softmax"]
-    assert out["curriculum_phase2"].startswith("2 cycles of 512x80 -> 1024x80 -> 256x40 (400 steps)")
+    assert out["curriculum_phase2"] == "2 cycles of 512x80 -> 1024x80 -> 256x40 (400 steps), then a 50-step drill with more text at lr 0.0003 decaying to 0"
     assert out["phase2_validation"] == "200:0.50 400:0.60"
+    assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4402"
     assert out["heldout_recall_5digit"] == "0:1.00 256:0.88 512:0.75"
     assert "stages" not in out and json.loads((model / "training_log.json").read_text())["stages"] == stages

@@ -18,14 +18,15 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "2",
-           "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+           "--phase2-polish-steps", "2", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     lm = load_model_dir(out)
     card = lm.card
-    assert card["phase2"]["steps"] == 2 and card["phase2"]["best_step"] == 2
-    assert card["training_tokens"] == 2 * 4096
+    assert card["phase2"]["steps"] == 2 and card["phase2"]["polish_steps"] == 2 and card["phase2"]["best_validation_step"] == 2
+    assert card["training_tokens"] == (2 + 2) * 4096
     stages = card["stages"]
     assert stages[0]["phase"] == 1 and stages[0]["from_model"] == str(start)
     assert stages[1]["block"] == "rows512" and "validation" in stages[1]
+    assert stages[2]["block"] == "polish" and stages[2]["steps"] == [0, 2]
     ev = json.loads((tmp_path / "work" / "eval.json").read_text())
     assert set(ev["recall"]["recall_5digit"]) == {"0", "64", "128", "256", "512", "1024", "2048"}
