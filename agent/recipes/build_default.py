@@ -12,7 +12,11 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    go/no-go check asks held-out questions at distance <= 128: below GATE the first stage
    is repeated (at most MAX_REPEATS times) before the dialogues lengthen.
 5. A final dense drill at rows of 256 inside the LR decay (`--polish-steps`, default 150).
-6. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
+   Steps 3-5 are phase 1; `--from-model DIR` skips them and starts phase 2 from DIR.
+6. Phase 2 (phase2.py): cycles of rows of 512 / 1,024, a dense drill and a sparse
+   never-stated block with widened key words, validated after every cycle
+   (`--phase2-steps`, `--phase2-minutes`), then a short polish (`--phase2-polish-steps`).
+7. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
    and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
 the gate checkpoint's steps and compares held-out perplexity at equal tokens.
