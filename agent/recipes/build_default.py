@@ -37,8 +37,6 @@ import torch
 from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase2 import extend
-from agent.recipes.phase2 import polish as polish2
 from agent.recipes.recall_eval import end_of_turn, evaluate
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
@@ -64,7 +62,7 @@ STAGES: list[tuple[int, int, int, int]] = [
 GATE = 0.5  # recall at distance <= 128 needed before the dialogues lengthen
 MAX_REPEATS = 8
 DRILL_STEPS = 150  # one dense-drill block after a no-go
-ANSWER_WEIGHT = 4.0  # loss weight of recall answers after the second no-go
+ANSWER_WEIGHT = 4.0  # loss weight of recall answers (phase 1 after its second no-go; all of phase 2)
 # The no-go drill: rows of 256, short gaps, many live facts, little unrelated text.
 DRILL = dict(gap_min=0, gap_max=96, max_live=8, plant_prob=0.6, filler_words=20, small_talk=0.8, doc_prob=0.04, name_prob=0.02)
 
@@ -171,7 +169,7 @@ def train_main(args: argparse.Namespace) -> dict[str, Any]:
                           resume=str(run) if step else None, stop_after=end, seed=args.seed, device="cpu")
         # Escalation after a second no-go: weight the recall answers in the loss from then on.
         weight = ANSWER_WEIGHT if repeats >= 2 else 1.0
-        summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=weight).run()
+        summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=weight).run()
         history.append({"stage": stage, "repeat": repeats, "drill": drill, "answer_weight": weight, "data": info, "steps": [step, end],
                         "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
         step = end
@@ -214,7 +212,7 @@ def polish(args: argparse.Namespace, trained: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(work / "init"), steps=end, seq_len=256,
                       batch_tokens=BATCH_TOKENS, lr=LR, warmup=30, schedule="wsd", decay_fraction=0.2,
                       resume=str(run), stop_after=end, seed=args.seed, device="cpu")
-    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=ANSWER_WEIGHT).run()
+    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
     trained["history"].append({"stage": "polish", "repeat": 0, "drill": True, "answer_weight": ANSWER_WEIGHT, "data": info,
                                "steps": [step, end], "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"],
                                "wall_s": summary["wall_s"]})
@@ -231,7 +229,7 @@ def _time_for_drill(args: argparse.Namespace, t_start: float, steps_done: int) -
     return left > (DRILL_STEPS + 200) * per_step
 
 
-def _progress(m: dict[str, Any]) -> None:
+def log_progress(m: dict[str, Any]) -> None:
     if m["step"] % 10 == 0 or m["step"] == 1:
         log(f"step {m['step']}/{m['total_steps']} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s")
 
@@ -306,6 +304,8 @@ def main() -> None:
         start = Path(args.work) / "run"
     model_dir = start
     if args.phase2_steps:
+        from agent.recipes.phase2 import extend, polish as polish2  # phase2 builds on this module's constants
+
         p2 = extend(args, start)
         steps = p2["steps"]
         history = trained["history"] + p2["history"]

@@ -35,6 +35,7 @@ import torch
 
 from agent.probes import text as probe_text
 from agent.recipes import data as rdata
+from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
 from agent.recipes.corpus import Passage, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
 from agent.recipes.recall_eval import evaluate
@@ -43,9 +44,7 @@ from agent.recipes.weighted import WeightedTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.train.config import TrainConfig
 
-BATCH_TOKENS = 4096
 LR = 1e-3
-ANSWER_WEIGHT = 4.0
 COMMON = dict(never_prob=0.15, near_miss=0.5, update_prob=0.2, name_prob=0.04, vary_live=True)
 # (name, DialogueSpec fields, steps per cycle)
 BLOCKS: tuple[tuple[str, dict[str, Any], int], ...] = (
@@ -65,10 +64,6 @@ def phase2_world(train_passages: list[Passage]) -> World:
     held-out world or the probe suite uses as a key."""
     banned = tuple(HELDOUT.thing_adj) + tuple(HELDOUT.thing_noun) + tuple(probe_text.ADJECTIVES) + tuple(probe_text.NOUNS)
     return widened(TRAIN, (p.text for p in train_passages), banned=banned)
-
-
-def log(msg: str) -> None:
-    print(time.strftime("%H:%M:%S"), msg, flush=True)
 
 
 def score(val: dict[str, Any]) -> float:
@@ -115,7 +110,7 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
             cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(start), steps=total, seq_len=spec.length,
                               batch_tokens=BATCH_TOKENS, lr=LR, warmup=20, schedule="wsd", decay_fraction=0.2,
                               resume=str(run) if step else None, stop_after=end, seed=args.seed, device="cpu")
-            summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=ANSWER_WEIGHT).run()
+            summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
             shutil.rmtree(folder)  # rebuilt from the seed if ever needed
             history.append({"phase": 2, "cycle": cycle, "block": name, "data": info, "steps": [step, end],
                             "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
@@ -137,11 +132,6 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
         cycle += 1
     return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "best_score": best_score,
             "best_step": int((best / "phase2_step.txt").read_text(encoding="utf-8"))}
-
-
-def _progress(m: dict[str, Any]) -> None:
-    if m["step"] % 20 == 0:
-        log(f"step {m['step']}/{m['total_steps']} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s")
 
 
 POLISH_LR = 3e-4
@@ -173,7 +163,7 @@ def polish(args: argparse.Namespace, start: Path) -> dict[str, Any]:
     log(f"phase 2 polish from {start}: {steps} steps; {info}")
     cfg = TrainConfig(data=(str(folder),), out=str(out), base=str(start), steps=steps, seq_len=spec.length, batch_tokens=BATCH_TOKENS,
                       lr=POLISH_LR, warmup=10, schedule="wsd", decay_fraction=1.0, seed=args.seed, device="cpu")
-    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=_progress, answer_weight=ANSWER_WEIGHT).run()
+    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
     shutil.rmtree(folder)
     return {"phase": 2, "block": "polish", "data": info, "steps": [0, steps], "tokens_per_s": summary["tokens_per_s"],
             "final_loss": summary["final_loss"], "wall_s": summary["wall_s"], "lr": POLISH_LR, "text_share": POLISH_TEXT_SHARE}
