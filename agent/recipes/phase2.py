@@ -87,7 +87,7 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
         if d.exists():
             shutil.rmtree(d)
     total = args.phase2_steps
-    step, cycle, best_score = 0, 0, -1.0
+    step, cycle, best_score, best_step = 0, 0, -1.0, 0
     history: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     while step < total:
@@ -123,7 +123,7 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
         log(f"validation after step {step}: score {s:.3f} recall5 {val['recall_5digit']} not told {val['not_told']} "
             f"stale {val['update_stale']} refused {val['refused_stated']}")
         if s > best_score:
-            best_score = s
+            best_score, best_step = s, step
             if best.exists():
                 shutil.rmtree(best)
             shutil.copytree(run, best, ignore=shutil.ignore_patterns("trainer"))
@@ -131,7 +131,7 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
             log(f"new best checkpoint at step {step}")
         cycle += 1
     return {"history": history, "steps": step, "tokens": step * BATCH_TOKENS, "best_score": best_score,
-            "best_step": int((best / "phase2_step.txt").read_text(encoding="utf-8"))}
+            "best_step": best_step}
 
 
 POLISH_LR = 3e-4
