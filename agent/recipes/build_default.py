@@ -38,7 +38,7 @@ from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, read_passages, split_passages
 from agent.recipes.dialogues import DialogueSpec
 from agent.recipes.recall_eval import end_of_turn, evaluate
-from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
+from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.model import build_model
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer
@@ -290,9 +290,17 @@ def main() -> None:
     ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
     ap.add_argument("--phase2-polish-steps", type=int, default=500, help="last drill with more text after phase 2; 0: none")
     args = ap.parse_args()
+    for name in ("phase2_steps", "phase2_polish_steps"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
+    if args.phase2_minutes is not None and args.phase2_minutes <= 0:
+        ap.error("--phase2-minutes must be positive")
     if args.from_model:
         start = Path(args.from_model)
-        card = load_model_dir(start).card
+        try:
+            card = load_model_dir(start).card
+        except ModelLoadError as exc:
+            ap.error(f"--from-model: {exc}")
         log_path = start / "training_log.json"  # phase 1's stages, written by card.py
         phase1_log = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else None
         trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card, "log": phase1_log}],

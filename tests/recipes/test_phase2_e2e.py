@@ -30,3 +30,20 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     assert stages[2]["block"] == "polish" and stages[2]["steps"] == [0, 2]
     ev = json.loads((tmp_path / "work" / "eval.json").read_text())
     assert set(ev["recall"]["recall_5digit"]) == {"0", "64", "128", "256", "512", "1024", "2048"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from-model", "/nonexistent/model"], "--from-model: model directory /nonexistent/model does not exist"),
+    (["--phase2-steps", "-1"], "--phase2-steps must be >= 0"),
+    (["--phase2-polish-steps", "-5"], "--phase2-polish-steps must be >= 0"),
+    (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
+])
+def test_bad_recipe_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from agent.recipes import build_default
+
+    monkeypatch.setattr(sys, "argv", ["build_default", "--work", str(tmp_path / "work"), *args])
+    with pytest.raises(SystemExit) as exc:
+        build_default.main()
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
