@@ -98,19 +98,22 @@ def write_text(path: Path, passages: list[Passage]) -> None:
 
 
 def write_stage(folder: Path, *, seed: int, stage: int, spec: DialogueSpec, n_dialogues: int, passages: list[Passage],
-                tok: Tokenizer, template: ChatTemplate, world: World = TRAIN, text_share: float = TEXT_SHARE) -> dict:
-    """Stage folder: a_dialogues.jsonl (exact rows first) then b_text.jsonl (docstrings)."""
+                tok: Tokenizer, template: ChatTemplate, world: World = TRAIN, text_share: float = TEXT_SHARE,
+                text: list[Passage] | None = None) -> dict:
+    """Stage folder: a_dialogues.jsonl (exact rows first) then b_text.jsonl (plain prose from
+    `text`, by default the same docstrings the dialogues' chat is drawn from)."""
     rng = random.Random(seed * 1000 + stage)
     builder = make_builder(world, passages, tok, template)
     tokens = write_dialogues(folder / "a_dialogues.jsonl", builder, rng, spec, n_dialogues, tok, template)
     # Plain English is about `text_share` of the stage's tokens (~4 characters a token).
     want_chars = text_share / (1 - text_share) * tokens * 4
     picked, chars = [], 0
-    for p in rng.sample(passages, len(passages)):
+    pool = passages if text is None else text
+    for p in rng.sample(pool, len(pool)):
         if chars >= want_chars:
             break
         picked.append(p)
         chars += len(p.text)
     write_text(folder / "b_text.jsonl", picked)
     return {"stage": stage, "length": spec.length, "gap": [spec.gap_min, spec.gap_max], "dialogues": n_dialogues,
-            "dialogue_tokens": tokens, **builder.stats}
+            "dialogue_tokens": tokens, "text_chars": chars, **builder.stats}

@@ -66,6 +66,7 @@ HELDOUT_SMALL_TALK = (
     ("What is a variable?", "A variable is a name that refers to a value, so you can use and change the value later."),
 )
 TOPIC_QUESTIONS = ("Tell me about {thing}.", "What does {thing} do?", "Can you explain {thing}?", "What is {thing}?")
+NEAR_GAP = 24  # tokens: "asked at once" for DialogueSpec.near_gap
 HELDOUT_TOPIC_QUESTIONS = ("Give me a short summary of {thing}.", "I am curious about {thing}. What is it?")
 
 
@@ -163,6 +164,7 @@ class Live:
     fact: Fact
     due: int  # token position after which the question is asked
     stale: str | None = None
+    ghost: bool = False  # a key never stated: the question is answered "You haven't told me"
 
 
 @dataclass
@@ -185,6 +187,19 @@ class DialogueSpec:
     # when it is full), so that questions also come when one or two facts are known: a
     # never-stated question then cannot be answered by "the only value I hold".
     vary_live: bool = False
+    # Chance, per planted fact, of also scheduling a question about a key that is never
+    # stated (one word off the planted key with chance `near_miss`), due after a gap drawn
+    # like the fact's own. `never_prob` questions come in free slots, so they are rare
+    # right after a statement and at the distances where stated facts are asked; a model
+    # then learns "a question soon after a fact is about a new key" and "a question long
+    # after is about an old one" instead of checking the key (measured: it refused 0.92 of
+    # stated facts asked at once, and at 256 tokens answered never-stated questions with
+    # invented values 0.83 of the time). Ghosts put both kinds at the same moments.
+    ghost_prob: float = 0.0
+    # Chance that a planted fact (and its ghost) is first asked within NEAR_GAP tokens: with
+    # gaps drawn evenly from 0..450, a question right after the statement is rare, and a
+    # model left without that case refused 0.79 of stated facts asked at once.
+    near_gap: float = 0.0
 
 
 @dataclass
@@ -263,32 +278,51 @@ class Builder:
         def fits(new: list[Message]) -> bool:
             return pos + sum(self.count(m) for m in new) <= spec.length - reserve
 
+        def ghost_of(f: Fact) -> Fact:
+            """A key never stated: near `f` (same attr and adjective, other noun) or anywhere."""
+            if f.kind == "code" and rng.random() < spec.near_miss:
+                adj = f.thing.split()[0]
+                for _ in range(20):
+                    cand = Fact("code", f.attr, f"{adj} {rng.choice(w.thing_noun)}", "code")
+                    if cand.key not in taken:
+                        return cand
+            return new_fact(rng, w, taken)
+
+        def gap() -> int:
+            if spec.near_gap and rng.random() < spec.near_gap:  # (no draw when off)
+                return rng.randint(0, min(NEAR_GAP, spec.gap_max))
+            return rng.randint(spec.gap_min, spec.gap_max)
+
+        def held() -> list[Live]:
+            return [lv for lv in live if not lv.ghost]
+
         for _ in range(400):
             due = [lv for lv in live if lv.due <= pos]
             r = rng.random()
             kind = "filler"
             if due:
                 kind = "ask"
-            elif r < spec.plant_prob and len(live) < cap:
+            elif r < spec.plant_prob and len(held()) < cap:
                 kind = "plant"
             elif r < spec.plant_prob and spec.vary_live:
                 kind = "filler"
             elif r < spec.plant_prob + spec.never_prob:
                 kind = "never"
-            elif r < spec.plant_prob + spec.never_prob + spec.update_prob and live:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob and held():
                 kind = "update"
-            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob and len(live) < cap:
+            elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob and len(held()) < cap:
                 kind = "doc"
             elif r < spec.plant_prob + spec.never_prob + spec.update_prob + spec.doc_prob + spec.name_prob and not asked_name:
                 kind = "name"
             new: list[Message]
             if kind == "ask":
                 lv = due[0]
-                new = [{"role": "user", "content": lv.fact.question(rng, w)}, {"role": "assistant", "content": lv.fact.answer()}]
+                reply = lv.fact.not_told() if lv.ghost else lv.fact.answer()
+                new = [{"role": "user", "content": lv.fact.question(rng, w)}, {"role": "assistant", "content": reply}]
             elif kind == "plant":
                 n = 1 if rng.random() < 0.7 else rng.randint(2, 3)
                 facts = []
-                for _ in range(min(n, cap - len(live))):
+                for _ in range(min(n, cap - len(held()))):
                     f = new_fact(rng, w, taken)
                     taken.add(f.key)
                     facts.append(f)
@@ -313,7 +347,7 @@ class Builder:
                 new = [self.document(rng, facts)]
             elif kind == "never":
                 f = new_fact(rng, w, taken)
-                codes = [lv.fact for lv in live if lv.fact.kind == "code"]
+                codes = [lv.fact for lv in held() if lv.fact.kind == "code"]
                 if codes and rng.random() < spec.near_miss:  # same attr and adjective, other noun
                     near = rng.choice(codes)
                     adj = near.thing.split()[0]
@@ -324,7 +358,7 @@ class Builder:
                             break
                 new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told()}]
             elif kind == "update":
-                lv = rng.choice(live)
+                lv = rng.choice(held())
                 old = lv.fact.value
                 while lv.fact.value == old:
                     lv.fact.value = code_value(rng, w) if lv.fact.kind == "code" else make_value(rng, lv.fact.value_kind, w)
@@ -345,12 +379,16 @@ class Builder:
             # bookkeeping only for what is actually added
             if kind == "ask":
                 live.remove(due[0])
-                self._bump("questions")
-                if rng.random() < 0.25:  # asked again later: the same fact at a longer gap
-                    live.append(Live(due[0].fact, pos + rng.randint(spec.gap_min, spec.gap_max)))
+                self._bump("never" if due[0].ghost else "questions")
+                if rng.random() < 0.25:  # asked again later: the same key at a longer gap
+                    live.append(Live(due[0].fact, pos + rng.randint(spec.gap_min, spec.gap_max), ghost=due[0].ghost))
             elif kind in ("plant", "doc"):
                 for f in facts:
-                    live.append(Live(f, pos + rng.randint(spec.gap_min, spec.gap_max)))
+                    live.append(Live(f, pos + gap()))
+                    if spec.ghost_prob and rng.random() < spec.ghost_prob:  # (no draw when off: old seeds keep their data)
+                        g = ghost_of(f)
+                        taken.add(g.key)  # never planted later in this dialogue
+                        live.append(Live(g, pos + gap(), ghost=True))
                 self._bump("facts", len(facts))
             elif kind == "never":
                 self._bump("never")
