@@ -16,7 +16,10 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
 6. Phase 2 (phase2.py): cycles of rows of 512 / 1,024, a dense drill and a sparse
    never-stated block with widened key words, validated after every cycle
    (`--phase2-steps`, `--phase2-minutes`), then a short polish (`--phase2-polish-steps`).
-7. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
+7. Phase 3 (phase3.py): never-stated questions asked at the same moments as stated ones,
+   and four times more prose (`--phase3-steps`). `--from-model` with `--phase2-steps 0`
+   runs phase 3 alone on a phase-2 output, whose training log is carried over.
+8. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
    and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
 the gate checkpoint's steps and compares held-out perplexity at equal tokens.
@@ -254,10 +257,12 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
         "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": "cpu (2 cores, fp32)",
         "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
         "curriculum": [{"rows": s[0], "gaps": [s[1], s[2]]} for s in STAGES],
-        "phase2": trained.get("phase2"),
+        "phase2": trained.get("phase2"), "phase3": trained.get("phase3"),
         "stages": hist, "schedule_shortened": trained.get("shortened") or None,
         "data": {
-            "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter",
+            "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter"
+                       + ("; phase 3 adds its pydoc topics (PSF-2.0) and the docstrings of the installed torch (BSD-3-Clause)"
+                          if trained.get("phase3") else ""),
             "dialogues": "synthetic, generated from templates in agent/recipes (facts, questions, updates, never-stated controls, documents)",
         },
         "tokenizer": f"byte-level BPE, {lm.tokenizer.vocab_size} tokens, digits split, trained with tokenizers on the training data",
@@ -289,8 +294,9 @@ def main() -> None:
     ap.add_argument("--phase2-steps", type=int, default=2400, help="phase 2 (long-range recall) steps; 0: none")
     ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
     ap.add_argument("--phase2-polish-steps", type=int, default=500, help="last drill with more text after phase 2; 0: none")
+    ap.add_argument("--phase3-steps", type=int, default=1800, help="phase 3 (ghost questions, wide prose) steps; 0: none")
     args = ap.parse_args()
-    for name in ("phase2_steps", "phase2_polish_steps"):
+    for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -301,10 +307,13 @@ def main() -> None:
             card = load_model_dir(start).card
         except ModelLoadError as exc:
             ap.error(f"--from-model: {exc}")
-        log_path = start / "training_log.json"  # phase 1's stages, written by card.py
-        phase1_log = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else None
-        trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card, "log": phase1_log}],
+        log_path = start / "training_log.json"  # the given model's stages, written by card.py
+        given_log = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else None
+        trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card, "log": given_log}],
                                    "steps": card.get("training_steps", 0), "tokens": card.get("training_tokens", 0)}
+        if given_log and any(h.get("phase") == 2 for h in given_log.get("stages", [])):
+            # A phase-2 output: its own history (phase 1 as it was given, then phase 2) goes on.
+            trained.update(history=given_log["stages"], phase2=card.get("phase2"))
     else:
         trained = train_main(args)
         if args.polish_steps:
@@ -325,6 +334,13 @@ def main() -> None:
         trained = {**trained, "history": history, "steps": trained["steps"] + steps, "tokens": trained["tokens"] + steps * BATCH_TOKENS,
                    "phase2": {"steps": p2["steps"], "polish_steps": args.phase2_polish_steps,
                               "best_validation_step": p2["best_step"], "best_validation_score": p2["best_score"]}}
+    if args.phase3_steps:
+        from agent.recipes.phase3 import calibrate
+
+        entry = calibrate(args, model_dir)
+        model_dir = Path(args.work) / "phase3"
+        trained = {**trained, "history": trained["history"] + [entry], "steps": trained["steps"] + args.phase3_steps,
+                   "tokens": trained["tokens"] + args.phase3_steps * BATCH_TOKENS, "phase3": {"steps": args.phase3_steps}}
     finish(args, trained, model_dir)
     if args.baseline:
         from agent.recipes.baseline import run_baseline

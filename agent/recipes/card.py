@@ -49,17 +49,22 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     else:
         detail = json.loads((model_dir / "training_log.json").read_text(encoding="utf-8"))
     if isinstance(card.get("data"), dict):
-        card["data"] = "Python stdlib docstrings (PSF-2.0, read from the local interpreter) + synthetic template dialogues (agent/recipes)"
+        card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
+                        + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
+                        + " + synthetic template dialogues (agent/recipes)")
     stages = detail.get("stages") or []
     given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
     phase2 = [h for h in stages if h.get("phase") == 2]
+    phase3 = next((h for h in stages if h.get("phase") == 3), None)
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
         card["go_no_go"] = given["card"].get("go_no_go")
         if given["card"].get("ppl_vs_softmax"):
             card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
         if given["card"].get("tokens_per_s") and isinstance(card.get("tokens_per_s"), (int, float)):
-            card["tokens_per_s"] = f"phase 1: {given['card']['tokens_per_s']}, phase 2: {card['tokens_per_s']}"
+            later = [(n, [h["tokens_per_s"] for h in hs if h.get("tokens_per_s")]) for n, hs in ((2, phase2), (3, [phase3] if phase3 else []))]
+            card["tokens_per_s"] = ", ".join([f"phase 1: {given['card']['tokens_per_s']}"]
+                                             + [f"phase {n}: {round(sum(v) / len(v))}" for n, v in later if v])
     else:
         phase1 = [h for h in stages if h.get("phase") != 2]
         card["curriculum"] = " -> ".join(
@@ -77,6 +82,9 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
                                      + (f", then a {polish['steps'][1]}-step drill with more text at lr {polish['lr']:g} decaying to 0"
                                         if polish else ""))
         card["phase2_validation"] = " ".join(f"{h['validation']['step']}:{h['validation']['score']:.2f}" for h in cycles if "validation" in h)
+    if phase3:
+        card["curriculum_phase3"] = (f"{phase3['steps'][1]} steps of rows of {phase3['data']['length']} with a never-stated question "
+                                     f"beside every fact, {phase3['text_share']:.0%} prose, lr {phase3['lr']:g} (WSD)")
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

@@ -24,13 +24,14 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
     step = 0
     for cycle in range(2):
         for name, length, n in blocks:
-            stages.append({"phase": 2, "cycle": cycle, "block": name, "data": {"length": length}, "steps": [step, step + n]})
+            stages.append({"phase": 2, "cycle": cycle, "block": name, "data": {"length": length}, "steps": [step, step + n],
+                           "tokens_per_s": 4402})
             step += n
         stages[-1]["validation"] = {"step": step, "score": 0.5 + cycle / 10}
     model = tmp_path / "model"
     model.mkdir()
-    stages.append({"phase": 2, "block": "polish", "data": {"length": 256}, "steps": [0, 50], "lr": 3e-4})
-    card = {"name": "default", "stages": stages, "eval": {}, "phase2": {"steps": step}, "tokens_per_s": 4402}
+    stages.append({"phase": 2, "block": "polish", "data": {"length": 256}, "steps": [0, 50], "lr": 3e-4, "tokens_per_s": 4402})
+    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase2": {"steps": step}, "tokens_per_s": 4402}
     (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
     _eval(tmp_path / "work")
     out = update_card(model, tmp_path / "work", None)
@@ -41,3 +42,22 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4402"
     assert out["heldout_recall_5digit"] == "0:1.00 256:0.88 512:0.75"
     assert "stages" not in out and json.loads((model / "training_log.json").read_text())["stages"] == stages
+    assert "curriculum_phase3" not in out and "pydoc" not in out["data"]
+
+
+def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) -> None:
+    given = {"curriculum": "256x250", "go_no_go": "step 250: 0.00", "tokens_per_s": 2129}
+    stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None},
+                          {"phase": 2, "cycle": 0, "block": "rows512", "data": {"length": 512}, "steps": [0, 80], "tokens_per_s": 4000,
+                           "validation": {"step": 80, "score": 0.5}},
+                          {"phase": 3, "block": "ghosts+prose", "data": {"length": 512}, "steps": [0, 1800], "lr": 4e-4,
+                           "text_share": 0.3, "tokens_per_s": 3900}]
+    model = tmp_path / "model"
+    model.mkdir()
+    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase3": {"steps": 1800}, "tokens_per_s": 3950}
+    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    _eval(tmp_path / "work")
+    out = update_card(model, tmp_path / "work", None)
+    assert out["curriculum_phase3"] == "1800 steps of rows of 512 with a never-stated question beside every fact, 30% prose, lr 0.0004 (WSD)"
+    assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4000, phase 3: 3900"
+    assert "pydoc topics" in out["data"] and "torch" in out["data"]

@@ -10,7 +10,7 @@ import pytest
 
 from agent.probes import text as probe_text
 from agent.recipes import data as rdata
-from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages
+from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
 from agent.recipes.dialogues import DialogueSpec
 from agent.recipes.phase2 import phase2_world, score
 from agent.recipes.vocab import HELDOUT, TRAIN
@@ -58,13 +58,14 @@ def test_dialogues_are_exact_rows_and_seeded(length: int, tmp_path) -> None:  # 
     assert bool((packed.tokens[:, 0] == tok.token_id("<|bos|>")).all())
 
 
-def test_questions_are_answered_with_the_latest_value_or_not_told() -> None:
+@pytest.mark.parametrize("ghost_prob", [0.0, 1.0])
+def test_questions_are_answered_with_the_latest_value_or_not_told(ghost_prob: float) -> None:
     tok, template = byte_level_tokenizer(), ChatTemplate()
     b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
     rng = random.Random(3)
     answers = 0
     for _ in range(20):
-        msgs = b.dialogue(rng, DialogueSpec(length=512, gap_min=0, gap_max=200))
+        msgs = b.dialogue(rng, DialogueSpec(length=512, gap_min=0, gap_max=200, ghost_prob=ghost_prob, near_miss=0.5))
         said: dict[str, str] = {}
         for m in msgs:
             if m["role"] in ("user", "document"):
@@ -79,6 +80,62 @@ def test_questions_are_answered_with_the_latest_value_or_not_told() -> None:
                 if miss:
                     assert miss.group(1) not in said
     assert answers > 10
+
+
+def _not_told_positions(spec: DialogueSpec, n: int = 30) -> tuple[list[int], dict[str, int]]:
+    """Token positions of every "You haven't told me" reply, and the builder's counts."""
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    b = rdata.make_builder(TRAIN, PASSAGES, tok, template)
+    rng = random.Random(5)
+    at = []
+    for _ in range(n):
+        pos = 0
+        for i, m in enumerate(b.dialogue(rng, spec)):
+            if m["role"] == "assistant" and m["content"].startswith("You haven't told me"):
+                at.append(pos)
+            pos += len(template.message(tok, m["role"], m["content"], first=i == 0))
+    return at, b.stats
+
+
+def test_ghost_questions_come_after_the_same_gap_as_stated_ones() -> None:
+    # Every fact is asked exactly 300 tokens after it was stated; a ghost (a key never
+    # stated) is scheduled with the fact, so it too is asked no sooner than that.
+    spec = DialogueSpec(length=1024, gap_min=300, gap_max=300, never_prob=0.0, ghost_prob=1.0, near_miss=0.5)
+    at, stats = _not_told_positions(spec)
+    assert len(at) == stats["never"] and min(at) >= 300
+    assert 0.6 * stats["questions"] <= stats["never"] <= 1.5 * stats["questions"]
+    # Free-slot never-stated questions (the old way) come anywhere, mostly before any gap ends.
+    old, _ = _not_told_positions(DialogueSpec(length=1024, gap_min=300, gap_max=300, never_prob=0.3))
+    assert sum(p < 300 for p in old) > len(old) // 4
+    assert _not_told_positions(DialogueSpec(length=1024, gap_min=300, gap_max=300, never_prob=0.0))[1].get("never", 0) == 0
+
+
+def test_near_gap_asks_some_facts_and_ghosts_at_once() -> None:
+    spec = DialogueSpec(length=1024, gap_min=300, gap_max=300, never_prob=0.0, ghost_prob=1.0, near_gap=1.0)
+    at, stats = _not_told_positions(spec)
+    # Ghosts of the first facts are asked within NEAR_GAP tokens of their statement, long
+    # before any 300-token gap ends (without near_gap none is: see the test above).
+    assert stats["never"] >= 20 and sum(p < 300 for p in at) >= 5
+
+
+def test_wide_text_adds_the_language_reference_and_torch_docstrings_but_holds_nothing_out() -> None:
+    train, held = split_passages(read_passages())
+    wide = wide_text(train)
+    modules = {p.module for p in wide}
+    assert "pydoc_data.topics" in modules and any(m.startswith("torch.") for m in modules)
+    assert sum(len(p.text) for p in wide) > 3 * sum(len(p.text) for p in train)
+    assert not modules & {p.module for p in held}
+    texts = {p.text for p in wide}
+    assert not any(p.text in texts for p in held)
+
+
+def test_write_stage_draws_its_plain_text_from_the_given_pool(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tok, template = byte_level_tokenizer(), ChatTemplate()
+    pool = [Passage("gamma", "module", f"Gamma passage number {i} is plain text for the model to read.") for i in range(50)]
+    rdata.write_stage(tmp_path, seed=1, stage=0, spec=DialogueSpec(length=256, gap_min=0, gap_max=100), n_dialogues=4,
+                      passages=PASSAGES, tok=tok, template=template, text_share=0.5, text=pool)
+    rows = [json.loads(line)["text"] for line in (tmp_path / "b_text.jsonl").read_text().splitlines()]
+    assert rows and all(r.startswith("Gamma passage") for r in rows)
 
 
 def test_stdlib_corpus_split_is_by_module() -> None:
