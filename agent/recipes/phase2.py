@@ -29,7 +29,7 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -139,6 +139,31 @@ POLISH_TEXT_SHARE = 0.4
 POLISH_BLOCK = "drill256"
 
 
+def fresh_block(args: argparse.Namespace, start: Path, *, label: str, folder: Path, out: Path, spec: DialogueSpec, steps: int,
+                seed: int, stage: int, lr: float, warmup: int, decay_fraction: float, text_share: float,
+                text: Callable[[list[Passage]], list[Passage]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train `steps` steps of one block of new dialogues (plus `text_share` of prose) from the
+    model directory `start` into `out`, with a fresh optimizer and its own WSD schedule;
+    `text`, given the training docstrings, returns the prose pool (default: those docstrings).
+    Returns (the data's info, the trainer's summary); the data folder is removed after."""
+    torch.set_num_threads(args.threads)
+    train_p, _ = split_passages(read_passages())
+    base = load_model_dir(start)
+    for d in (folder, out):
+        if d.exists():
+            shutil.rmtree(d)
+    n = math.ceil(steps * BATCH_TOKENS * (1 - text_share) / spec.length * 1.1)
+    info = rdata.write_stage(folder, seed=seed, stage=stage, spec=spec, n_dialogues=n, passages=train_p, tok=base.tokenizer,
+                             template=base.template, world=phase2_world(train_p), text_share=text_share,
+                             text=text(train_p) if text else None)
+    log(f"{label} from {start}: {steps} steps; {info}")
+    cfg = TrainConfig(data=(str(folder),), out=str(out), base=str(start), steps=steps, seq_len=spec.length, batch_tokens=BATCH_TOKENS,
+                      lr=lr, warmup=warmup, schedule="wsd", decay_fraction=decay_fraction, seed=args.seed, device="cpu")
+    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
+    shutil.rmtree(folder)  # rebuilt from the seed if ever needed
+    return info, summary
+
+
 def polish(args: argparse.Namespace, start: Path) -> dict[str, Any]:
     """A short last block from the end of phase 2: the dense drill (questions 0-96 tokens
     after the fact, stated and never-stated) plus plain docstring text (it asks for 40%, but
@@ -147,23 +172,10 @@ def polish(args: argparse.Namespace, start: Path) -> dict[str, Any]:
     phase 2: long-range recall and "not told" were there, but stated facts were refused
     right after they were said and held-out text perplexity had risen from 128 to 727."""
     work = Path(args.work)
-    torch.set_num_threads(args.threads)
-    train_p, _ = split_passages(read_passages())
-    base = load_model_dir(start)
     fields = next(f for name, f, _ in BLOCKS if name == POLISH_BLOCK)
-    spec = DialogueSpec(**{**COMMON, **fields})
-    folder, out = work / "polish_data", work / "phase2_polish"
-    for d in (folder, out):
-        if d.exists():
-            shutil.rmtree(d)
     steps = args.phase2_polish_steps
-    n = math.ceil(steps * BATCH_TOKENS * (1 - POLISH_TEXT_SHARE) / spec.length * 1.1)
-    info = rdata.write_stage(folder, seed=args.seed + 31337, stage=200, spec=spec, n_dialogues=n, passages=train_p,
-                             tok=base.tokenizer, template=base.template, world=phase2_world(train_p), text_share=POLISH_TEXT_SHARE)
-    log(f"phase 2 polish from {start}: {steps} steps; {info}")
-    cfg = TrainConfig(data=(str(folder),), out=str(out), base=str(start), steps=steps, seq_len=spec.length, batch_tokens=BATCH_TOKENS,
-                      lr=POLISH_LR, warmup=10, schedule="wsd", decay_fraction=1.0, seed=args.seed, device="cpu")
-    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
-    shutil.rmtree(folder)
+    info, summary = fresh_block(args, start, label="phase 2 polish", folder=work / "polish_data", out=work / "phase2_polish",
+                                spec=DialogueSpec(**{**COMMON, **fields}), steps=steps, seed=args.seed + 31337, stage=200,
+                                lr=POLISH_LR, warmup=10, decay_fraction=1.0, text_share=POLISH_TEXT_SHARE)
     return {"phase": 2, "block": "polish", "data": info, "steps": [0, steps], "tokens_per_s": summary["tokens_per_s"],
             "final_loss": summary["final_loss"], "wall_s": summary["wall_s"], "lr": POLISH_LR, "text_share": POLISH_TEXT_SHARE}

@@ -19,21 +19,12 @@ A fresh optimizer, LR warmup then a WSD decay over the last half.
 from __future__ import annotations
 
 import argparse
-import math
-import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from agent.recipes import data as rdata
-from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
-from agent.recipes.corpus import read_passages, split_passages, wide_text
+from agent.recipes.corpus import wide_text
 from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase2 import COMMON, phase2_world
-from agent.recipes.weighted import WeightedTrainer
-from agent.runtime.checkpoint import load_model_dir
-from agent.train.config import TrainConfig
+from agent.recipes.phase2 import COMMON, fresh_block
 
 LR = 4e-4
 TEXT_SHARE = 0.3
@@ -44,24 +35,9 @@ SPEC = DialogueSpec(**{**COMMON, "length": 512, "gap_min": 0, "gap_max": 450, "m
 def calibrate(args: argparse.Namespace, start: Path) -> dict[str, Any]:
     """Train phase 3 from the model directory `start` into <work>/phase3; returns its
     history entry."""
-    work = Path(args.work)
-    torch.set_num_threads(args.threads)
-    train_p, _ = split_passages(read_passages())
-    base = load_model_dir(start)
-    folder, out = work / "phase3_data", work / "phase3"
-    for d in (folder, out):
-        if d.exists():
-            shutil.rmtree(d)
-    steps = args.phase3_steps
-    n = math.ceil(steps * BATCH_TOKENS * (1 - TEXT_SHARE) / SPEC.length * 1.1)
-    info = rdata.write_stage(folder, seed=args.seed + 4099, stage=300, spec=SPEC, n_dialogues=n, passages=train_p,
-                             tok=base.tokenizer, template=base.template, world=phase2_world(train_p), text_share=TEXT_SHARE,
-                             text=wide_text(train_p))
-    log(f"phase 3 from {start}: {steps} steps; {info}")
-    cfg = TrainConfig(data=(str(folder),), out=str(out), base=str(start), steps=steps, seq_len=SPEC.length,
-                      batch_tokens=BATCH_TOKENS, lr=LR, warmup=20, schedule="wsd", decay_fraction=0.5, seed=args.seed,
-                      device="cpu")
-    summary = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT).run()
-    shutil.rmtree(folder)  # rebuilt from the seed if ever needed
+    work, steps = Path(args.work), args.phase3_steps
+    info, summary = fresh_block(args, start, label="phase 3", folder=work / "phase3_data", out=work / "phase3", spec=SPEC,
+                                steps=steps, seed=args.seed + 4099, stage=300, lr=LR, warmup=20, decay_fraction=0.5,
+                                text_share=TEXT_SHARE, text=wide_text)
     return {"phase": 3, "block": "ghosts+prose", "data": info, "steps": [0, steps], "lr": LR, "text_share": TEXT_SHARE,
             "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]}
