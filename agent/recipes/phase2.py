@@ -141,10 +141,12 @@ POLISH_BLOCK = "drill256"
 
 def fresh_block(args: argparse.Namespace, start: Path, *, label: str, folder: Path, out: Path, spec: DialogueSpec, steps: int,
                 seed: int, stage: int, lr: float, warmup: int, decay_fraction: float, text_share: float,
-                text: Callable[[list[Passage]], list[Passage]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                text: Callable[[list[Passage]], list[Passage]] | None = None,
+                world: Callable[[list[Passage]], World] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train `steps` steps of one block of new dialogues (plus `text_share` of prose) from the
     model directory `start` into `out`, with a fresh optimizer and its own WSD schedule;
-    `text`, given the training docstrings, returns the prose pool (default: those docstrings).
+    `text` and `world`, given the training docstrings, return the prose pool and the world the
+    dialogues are drawn from (defaults: those docstrings, `phase2_world`).
     Returns (the data's info, the trainer's summary); the data folder is removed after."""
     torch.set_num_threads(args.threads)
     train_p, _ = split_passages(read_passages())
@@ -154,7 +156,7 @@ def fresh_block(args: argparse.Namespace, start: Path, *, label: str, folder: Pa
             shutil.rmtree(d)
     n = math.ceil(steps * BATCH_TOKENS * (1 - text_share) / spec.length * 1.1)
     info = rdata.write_stage(folder, seed=seed, stage=stage, spec=spec, n_dialogues=n, passages=train_p, tok=base.tokenizer,
-                             template=base.template, world=phase2_world(train_p), text_share=text_share,
+                             template=base.template, world=(world or phase2_world)(train_p), text_share=text_share,
                              text=text(train_p) if text else None)
     log(f"{label} from {start}: {steps} steps; {info}")
     cfg = TrainConfig(data=(str(folder),), out=str(out), base=str(start), steps=steps, seq_len=spec.length, batch_tokens=BATCH_TOKENS,

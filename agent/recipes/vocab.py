@@ -122,3 +122,37 @@ def widened(world: World, texts: Iterable[str], *, banned: Iterable[str] = (), m
                   for i, w in enumerate(pool[::10]) for noun, kind in [kinds[i % len(kinds)]])
     return dataclasses.replace(world, thing_adj=world.thing_adj + tuple(pool[::2]), thing_noun=world.thing_noun + tuple(pool[1::2]),
                                slots=world.slots + slots)
+
+
+# More ways to say the same things, for phase 3. Measured on the phase-3 model trained on
+# TRAIN's six statement shapes: right after a held-out "I set the pin for the roof scanner
+# to 22730." it answered "You haven't told me" 5 times in 6, and after "I should mention
+# my anniversary is March 25." it answered with docstring text; facts in the phrasings it
+# knew were recalled. None of these is a HELDOUT phrasing (tested).
+VARIED = dict(
+    code_statements=("Write this down: the {attr} for the {thing} is {value}.", "Here is the {attr} for the {thing}: {value}.",
+                     "{value} is the {attr} for the {thing}.", "The {attr} for the {thing}? It is {value}.",
+                     "I use {value} as the {attr} for the {thing}.", "Can you store the {attr} for the {thing}? It is {value}.",
+                     "FYI the {attr} for the {thing} is {value}.", "Quick note, the {attr} for the {thing} is {value}.",
+                     "Don't forget: the {attr} for the {thing} is {value}.", "I made {value} the {attr} for the {thing}.",
+                     "We picked {value} as the {attr} for the {thing}.", "Save the {attr} for the {thing}: {value}."),
+    slot_statements=("I'd like you to know my {slot} is {value}.", "My {slot}? It is {value}.", "{value} is my {slot}.",
+                     "FYI, my {slot} is {value}.", "Save this: my {slot} is {value}.", "Quick note: my {slot} is {value}.",
+                     "Here is my {slot}: {value}.", "Don't forget that my {slot} is {value}."),
+    code_questions=("What's the {attr} for the {thing}?", "Could you tell me the {attr} for the {thing}?",
+                    "Remind me of the {attr} for the {thing}.", "I forgot the {attr} for the {thing}. What is it?",
+                    "Any idea what the {attr} for the {thing} is?", "Do you know the {attr} for the {thing}?"),
+    slot_questions=("What's my {slot}?", "Could you tell me my {slot}?", "Remind me of my {slot}.", "I forgot my {slot}. What is it?",
+                    "Do you know my {slot}?", "Any idea what my {slot} is?"),
+    update_code=("Change of plan: the {attr} for the {thing} is {value} now.", "New {attr} for the {thing}: {value}.",
+                 "Please replace the {attr} for the {thing} with {value}.", "The {attr} for the {thing} is different now: {value}."),
+    update_slot=("Change of plan: my {slot} is {value} now.", "My new {slot} is {value}.", "Please replace my {slot} with {value}.",
+                 "My {slot} is different now: {value}."),
+    acks=("Sure.", "Okay, noted.", "Thanks, noted.", "All right."),
+    update_acks=("Okay, changed.", "Updated.", "Sure, I changed it."),
+)
+
+
+def varied(world: World) -> World:
+    """`world` with the VARIED phrasings added to its own."""
+    return dataclasses.replace(world, **{k: getattr(world, k) + v for k, v in VARIED.items()})

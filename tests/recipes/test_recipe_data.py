@@ -13,7 +13,7 @@ from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
 from agent.recipes.dialogues import DialogueSpec
 from agent.recipes.phase2 import phase2_world, score
-from agent.recipes.vocab import HELDOUT, TRAIN
+from agent.recipes.vocab import HELDOUT, TRAIN, VARIED, varied
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from agent.train.data import load_documents, pack
 
@@ -202,3 +202,23 @@ def test_vary_live_caps_some_dialogues_at_one_or_two_facts() -> None:
             per[vary].append(b.stats["facts"] - before)
     assert sum(n <= 2 for n in per[True]) >= 3 > sum(n <= 2 for n in per[False])
     assert max(per[True]) >= 5
+
+
+def test_varied_phrasings_add_to_the_world_and_none_is_held_out() -> None:
+    world = varied(TRAIN)
+    fields = {"code_statements": ("{attr}", "{thing}", "{value}"), "slot_statements": ("{slot}", "{value}"),
+              "code_questions": ("{attr}", "{thing}"), "slot_questions": ("{slot}",), "update_code": ("{attr}", "{thing}", "{value}"),
+              "update_slot": ("{slot}", "{value}"), "acks": (), "update_acks": ()}
+    assert set(fields) == set(VARIED)
+    for name, holes in fields.items():
+        mine = getattr(world, name)
+        assert mine[: len(getattr(TRAIN, name))] == getattr(TRAIN, name) and len(mine) > len(getattr(TRAIN, name))
+        assert not set(mine) & set(getattr(HELDOUT, name)), name
+        for t in VARIED[name]:
+            assert all(h in t for h in holes), t
+            if "{value}" not in holes:
+                assert "{value}" not in t, t
+    # The held-out lead-ins stay held out, not just the exact templates.
+    said = " ".join(t for v in VARIED.values() for t in v)
+    for lead in ("For the record", "Keep in mind", "I set", "I should mention", "did I give you", "Can you recall", "Correction"):
+        assert lead not in said, lead
