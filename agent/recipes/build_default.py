@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument("--phase2-steps", type=int, default=2400, help="phase 2 (long-range recall) steps; 0: none")
     ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
     ap.add_argument("--phase2-polish-steps", type=int, default=500, help="last drill with more text after phase 2; 0: none")
-    ap.add_argument("--phase3-steps", type=int, default=1800, help="phase 3 (ghost questions, wide prose) steps; 0: none")
+    ap.add_argument("--phase3-steps", type=int, default=1500, help="phase 3 (ghost questions, wide prose) steps; 0: none")
     args = ap.parse_args()
     for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps"):
         if getattr(args, name) < 0:

@@ -58,6 +58,6 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
     (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
     _eval(tmp_path / "work")
     out = update_card(model, tmp_path / "work", None)
-    assert out["curriculum_phase3"] == "1800 steps of rows of 512 with a never-stated question beside every fact, 30% prose, lr 0.0004 (WSD)"
+    assert out["curriculum_phase3"] == "1800 steps of rows of 512 with never-stated questions asked like stated ones, 30% prose, lr 0.0004 (WSD)"
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4000, phase 3: 3900"
     assert "pydoc topics" in out["data"] and "torch" in out["data"]
