@@ -84,7 +84,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         card["phase2_validation"] = " ".join(f"{h['validation']['step']}:{h['validation']['score']:.2f}" for h in cycles if "validation" in h)
     if phase3:
         card["curriculum_phase3"] = (f"{phase3['steps'][1]} steps of rows of {phase3['data']['length']} with never-stated questions "
-                                     f"asked like stated ones, {phase3['text_share']:.0%} prose, lr {phase3['lr']:g} (WSD)")
+                                     f"asked like stated ones, plus {phase3['data']['text_chars'] / 1e6:.2f} M characters of prose, "
+                                     f"lr {phase3['lr']:g} (WSD)")
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

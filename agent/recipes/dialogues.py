@@ -66,7 +66,6 @@ HELDOUT_SMALL_TALK = (
     ("What is a variable?", "A variable is a name that refers to a value, so you can use and change the value later."),
 )
 TOPIC_QUESTIONS = ("Tell me about {thing}.", "What does {thing} do?", "Can you explain {thing}?", "What is {thing}?")
-NEAR_GAP = 24  # tokens: "asked at once" for DialogueSpec.near_gap
 HELDOUT_TOPIC_QUESTIONS = ("Give me a short summary of {thing}.", "I am curious about {thing}. What is it?")
 
 
@@ -165,6 +164,9 @@ class Live:
     due: int  # token position after which the question is asked
     stale: str | None = None
     ghost: bool = False  # a key never stated: the question is answered "You haven't told me"
+
+
+NEAR_GAP = 24  # tokens: "asked at once" for DialogueSpec.near_gap
 
 
 @dataclass

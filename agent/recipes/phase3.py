@@ -11,14 +11,19 @@ One block of rows of 512 tokens (questions 0-450 after the fact) changes three t
   are asked at once (`near_gap`). Before, never-stated questions came in free slots, so
   *when* a question came said which kind it was; now only the key does.
 - Wide prose (`corpus.wide_text`): the pydoc topics and torch's docstrings join the
-  training docstrings, about four times as much text, as 30% of the block's tokens.
+  training docstrings, about four times as much text. TEXT_SHARE asks for 30% of the
+  block's tokens; at 1,500 steps that is more than the pool, so all of it is read once
+  (measured: 0.94 M of 5.67 M tokens).
 - Twice as many phrasings (`vocab.varied`): with TRAIN's six statement shapes, the model
   did not take a held-out "I set the pin for the roof scanner to 22730." as a fact.
 
 A fresh optimizer, LR warmup then a WSD decay over the last half. Measured from the
 phase-2 model with the first two changes only (ghosts beside every fact, 1,800 steps):
 "not told" 0.79 at 256 and 512, perplexity 164, but stated facts refused 0.25 / 0.33 and
-5-digit recall 0.62 / 0.54; hence ghosts beside 70% of facts and the new phrasings.
+5-digit recall 0.62 / 0.54; hence ghosts beside 70% of facts and the new phrasings. With
+all three (1,500 steps, the shipped model; 96 held-out trials): "not told" 0.53 at 256
+(phase 2: 0.22) with 0.11 of stated facts refused, 5-digit recall 0.85 / 0.65 at 256 / 512,
+stale 0.25, perplexity 162 on the held-out docstrings (phase 2: 842).
 """
 
 from __future__ import annotations

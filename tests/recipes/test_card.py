@@ -50,7 +50,7 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
     stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None},
                           {"phase": 2, "cycle": 0, "block": "rows512", "data": {"length": 512}, "steps": [0, 80], "tokens_per_s": 4000,
                            "validation": {"step": 80, "score": 0.5}},
-                          {"phase": 3, "block": "ghosts+prose", "data": {"length": 512}, "steps": [0, 1800], "lr": 4e-4,
+                          {"phase": 3, "block": "ghosts+prose", "data": {"length": 512, "text_chars": 3038704}, "steps": [0, 1800], "lr": 4e-4,
                            "text_share": 0.3, "tokens_per_s": 3900}]
     model = tmp_path / "model"
     model.mkdir()
@@ -58,6 +58,7 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
     (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
     _eval(tmp_path / "work")
     out = update_card(model, tmp_path / "work", None)
-    assert out["curriculum_phase3"] == "1800 steps of rows of 512 with never-stated questions asked like stated ones, 30% prose, lr 0.0004 (WSD)"
+    assert out["curriculum_phase3"] == ("1800 steps of rows of 512 with never-stated questions asked like stated ones, plus 3.04 M characters of prose, "
+                                        "lr 0.0004 (WSD)")
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4000, phase 3: 3900"
     assert "pydoc topics" in out["data"] and "torch" in out["data"]
