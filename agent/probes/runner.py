@@ -111,7 +111,6 @@ class SuiteRunner:
         out = Outcome(s, self.seed, self.style, skipped=list(plan.skipped), plan=plan)
         deadline = Deadline(budget_s, start)
         distances = sorted(set(s.distances))
-        top = distances[-1]
         for fname in s.fillers:
             for probe in s.probes:
                 self._group(out, s, probe, filler_objs[fname], distances, deadline, ledger=probe == s.probes[0])

@@ -89,7 +89,7 @@ def session_db(tmp_path, tiny):
         replies.append(a.id)
         store.commit_turn(a.id, content=reply, token_ids=r_ids, state=state.to_bytes(fingerprint=fp),
                           state_meta=StateMeta(model_fingerprint=fp, n_tokens=state.n_tokens))
-    last = store.begin_turn(s.id, role="user", content="One more thing.", token_ids=tpl.message(tok, "user", "One more thing."))
+    store.begin_turn(s.id, role="user", content="One more thing.", token_ids=tpl.message(tok, "user", "One more thing."))
     store.close()
     return tmp_path, s.uid, replies[0]
 

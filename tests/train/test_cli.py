@@ -4,7 +4,6 @@ input, and the torchrun entry point's argument round trip."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
