@@ -280,15 +280,20 @@ class Builder:
         def fits(new: list[Message]) -> bool:
             return pos + sum(self.count(m) for m in new) <= spec.length - reserve
 
+        def near_key(f: Fact) -> Fact | None:
+            """A code key one word off `f` (same attr and adjective, other noun) that is not
+            taken; None after 20 tries."""
+            adj = f.thing.split()[0]
+            for _ in range(20):
+                cand = Fact("code", f.attr, f"{adj} {rng.choice(w.thing_noun)}", "code")
+                if cand.key not in taken:
+                    return cand
+            return None
+
         def ghost_of(f: Fact) -> Fact:
-            """A key never stated: near `f` (same attr and adjective, other noun) or anywhere."""
-            if f.kind == "code" and rng.random() < spec.near_miss:
-                adj = f.thing.split()[0]
-                for _ in range(20):
-                    cand = Fact("code", f.attr, f"{adj} {rng.choice(w.thing_noun)}", "code")
-                    if cand.key not in taken:
-                        return cand
-            return new_fact(rng, w, taken)
+            """A key never stated: near `f` or anywhere."""
+            near = near_key(f) if f.kind == "code" and rng.random() < spec.near_miss else None
+            return near or new_fact(rng, w, taken)
 
         def gap() -> int:
             if spec.near_gap and rng.random() < spec.near_gap:  # (no draw when off)
@@ -350,14 +355,8 @@ class Builder:
             elif kind == "never":
                 f = new_fact(rng, w, taken)
                 codes = [lv.fact for lv in held() if lv.fact.kind == "code"]
-                if codes and rng.random() < spec.near_miss:  # same attr and adjective, other noun
-                    near = rng.choice(codes)
-                    adj = near.thing.split()[0]
-                    for _ in range(20):
-                        cand = Fact("code", near.attr, f"{adj} {rng.choice(w.thing_noun)}", "code")
-                        if cand.key not in taken:
-                            f = cand
-                            break
+                if codes and rng.random() < spec.near_miss:
+                    f = near_key(rng.choice(codes)) or f
                 new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told()}]
             elif kind == "update":
                 lv = rng.choice(held())
