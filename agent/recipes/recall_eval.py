@@ -8,6 +8,9 @@ question) it measures:
 - refusal of stated facts: the reply says "haven't told" although the fact was stated;
 - not told: a never-stated question gets "haven't told";
 - update: the reply holds the new value (correct) or the superseded one (stale);
+- keys: two codes held at once, each asked: the reply holds the asked code (right) or the
+  other one (swapped). A model that answers with "the latest code" instead of matching the
+  key gets about half right here however well it recalls a lone fact;
 - end of turn: every reply ends with <|end|> within 200 tokens.
 """
 
@@ -64,10 +67,10 @@ def _ask(lm: LoadedModel, state: RecurrentState, f: Fact, rng: random.Random, ma
     return greedy(lm, state, q, max_new)
 
 
-def _sweep(lm: LoadedModel, b: Any, rng: random.Random, plant: list[int], f: Fact,
-           distances: tuple[int, ...]) -> Iterator[tuple[int, str, bool]]:
-    """Fold `plant`, then one stream of filler, asking about `f` at every distance:
-    (distance, reply, ended its turn) per distance, one pass for the whole sweep."""
+def _sweep(lm: LoadedModel, b: Any, rng: random.Random, plant: list[int], facts: list[Fact],
+           distances: tuple[int, ...]) -> Iterator[tuple[int, Fact, str, bool]]:
+    """Fold `plant`, then one stream of filler, asking about each of `facts` at every
+    distance: (distance, fact, reply, ended its turn), one pass for the whole sweep."""
     _, state = advance(lm.model, lm.model.new_state(1), plant)
     fill = _filler(lm, b, rng, max(distances))
     pos = 0
@@ -75,8 +78,15 @@ def _sweep(lm: LoadedModel, b: Any, rng: random.Random, plant: list[int], f: Fac
         if d > pos:
             _, state = advance(lm.model, state, fill[pos:d])
             pos = d
-        reply, ended = _ask(lm, state, f, rng)
-        yield d, reply, ended
+        for f in facts:
+            reply, ended = _ask(lm, state, f, rng)
+            yield d, f, reply, ended
+
+
+def _code(rng: random.Random) -> Fact:
+    """A held-out 5-digit code for a held-out thing."""
+    return Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}",
+                "num5", str(rng.randint(10000, 99999)))
 
 
 def _refused(reply: str) -> bool:
@@ -84,7 +94,7 @@ def _refused(reply: str) -> bool:
 
 
 def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 2048),
-             trials: int = 24, seed: int = EVAL_SEED, kinds: tuple[str, ...] = ("recall", "never", "update"),
+             trials: int = 24, seed: int = EVAL_SEED, kinds: tuple[str, ...] = ("recall", "never", "update", "keys"),
              codes_only: bool = False) -> dict[str, Any]:
     lm.model.eval()
     b = make_builder(HELDOUT, passages, lm.tokenizer, lm.template)
@@ -100,10 +110,9 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
             rng = random.Random(seed * 31 + t)
             f = new_fact(rng, HELDOUT, set())
             if codes_only or t % 2 == 0:  # half are 5-digit codes: the issue's headline number
-                f = Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}",
-                         "num5", str(rng.randint(10000, 99999)))
+                f = _code(rng)
             plant = sys_ids + _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
-            for d, reply, ended in _sweep(lm, b, rng, plant, f, distances):
+            for d, _, reply, ended in _sweep(lm, b, rng, plant, [f], distances):
                 total_replies += 1
                 ends += ended
                 hit[d] += f.value in reply
@@ -121,7 +130,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
             other = new_fact(rng, HELDOUT, set())
             f = new_fact(rng, HELDOUT, {other.key})
             plant = sys_ids + _msg(lm, "user", other.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
-            for d, reply, ended in _sweep(lm, b, rng, plant, f, distances):
+            for d, _, reply, ended in _sweep(lm, b, rng, plant, [f], distances):
                 total_replies += 1
                 ends += ended
                 told[d] += _refused(reply)
@@ -131,21 +140,42 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
         stale = {d: 0 for d in distances}
         for t in range(trials):
             rng = random.Random(seed * 41 + t)
-            f = Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}",
-                     "num5", str(rng.randint(10000, 99999)))
+            f = _code(rng)
             old = f.value
             ids = sys_ids + _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
             ids += _filler(lm, b, rng, 64)
             while f.value == old:
                 f.value = str(rng.randint(10000, 99999))
             ids += _msg(lm, "user", f.statement(rng, HELDOUT, update=True)) + _msg(lm, "assistant", rng.choice(HELDOUT.update_acks))
-            for d, reply, ended in _sweep(lm, b, rng, ids, f, distances):
+            for d, _, reply, ended in _sweep(lm, b, rng, ids, [f], distances):
                 total_replies += 1
                 ends += ended
                 new[d] += f.value in reply
                 stale[d] += old in reply and f.value not in reply
         out["update_correct"] = {d: new[d] / trials for d in distances}
         out["update_stale"] = {d: stale[d] / trials for d in distances}
+    if "keys" in kinds:
+        right = {d: 0 for d in distances}
+        swapped = {d: 0 for d in distances}
+        for t in range(trials):
+            rng = random.Random(seed * 47 + t)
+            pair = [_code(rng)]
+            while len(pair) < 2:
+                f = _code(rng)
+                if f.key != pair[0].key and f.value != pair[0].value:
+                    pair.append(f)
+            ids = list(sys_ids)
+            for i, f in enumerate(pair):
+                ids += _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
+                ids += _filler(lm, b, rng, 32) if i == 0 else []
+            for d, f, reply, ended in _sweep(lm, b, rng, ids, pair, distances):
+                other = pair[1] if f is pair[0] else pair[0]
+                total_replies += 1
+                ends += ended
+                right[d] += f.value in reply
+                swapped[d] += other.value in reply and f.value not in reply
+        out["keys_right"] = {d: right[d] / (2 * trials) for d in distances}
+        out["keys_swapped"] = {d: swapped[d] / (2 * trials) for d in distances}
     out["ended_within_40"] = ends / max(1, total_replies)
     return out
 
