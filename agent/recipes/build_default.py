@@ -19,8 +19,15 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
 7. Phase 3 (phase3.py): never-stated questions asked at the same moments as stated ones,
    and four times more prose (`--phase3-steps`). `--from-model` with `--phase2-steps 0`
    runs phase 3 alone on a phase-2 output, whose training log is carried over.
-8. Evaluation (held-out recall, "not told", updates, end of turn, held-out perplexity)
-   and the model directory with its card in --out (default agent/models/default).
+8. Phase 4 (phase4.py), experimental and off unless `--phase4-steps` is given: recall by
+   key, not by the latest value. Key drills and a plain-text lookup task
+   (`--phase4-lookup-steps`), then those mixed with phase-3 rows (`--phase4-mix-steps`),
+   then the same with lookup records closer to chat answers (`--phase4-steps`). The run
+   made is equivalent to `--from-model agent/models/default --phase2-steps 0
+   --phase3-steps 0 --phase4-steps 1000` (same data, byte for byte, and schedules); its
+   model is not shipped: see docs/default-model.md.
+9. Evaluation (held-out recall, "not told", updates, two codes held, end of turn, held-out
+   perplexity) and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
 the gate checkpoint's steps and compares held-out perplexity at equal tokens.
 """
@@ -257,13 +264,14 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
         "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": "cpu (2 cores, fp32)",
         "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
         "curriculum": [{"rows": s[0], "gaps": [s[1], s[2]]} for s in STAGES],
-        "phase2": trained.get("phase2"), "phase3": trained.get("phase3"),
+        "phase2": trained.get("phase2"), "phase3": trained.get("phase3"), "phase4": trained.get("phase4"),
         "stages": hist, "schedule_shortened": trained.get("shortened") or None,
         "data": {
             "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter"
                        + ("; phase 3 adds its pydoc topics (PSF-2.0) and the docstrings of the installed torch (BSD-3-Clause)"
                           if trained.get("phase3") else ""),
-            "dialogues": "synthetic, generated from templates in agent/recipes (facts, questions, updates, never-stated controls, documents)",
+            "dialogues": "synthetic, generated from templates in agent/recipes (facts, questions, updates, never-stated controls, documents)"
+                         + ("; phase 4 adds key drills and a plain-text lookup task (agent/recipes/lookup.py)" if trained.get("phase4") else ""),
         },
         "tokenizer": f"byte-level BPE, {lm.tokenizer.vocab_size} tokens, digits split, trained with tokenizers on the training data",
         "eval": {"heldout_recall": recall, "end_of_turn": {k: v for k, v in eot.items() if k != "samples"},
@@ -295,8 +303,16 @@ def main() -> None:
     ap.add_argument("--phase2-minutes", type=float, default=None, help="cut phase 2 to end within this many minutes")
     ap.add_argument("--phase2-polish-steps", type=int, default=500, help="last drill with more text after phase 2; 0: none")
     ap.add_argument("--phase3-steps", type=int, default=1500, help="phase 3 (ghost questions, wide prose) steps; 0: none")
+    ap.add_argument("--phase4-lookup-steps", type=int, default=900,
+                    help="phase 4's first block (key drill + lookup task, rows of 256) steps; 0: none")
+    ap.add_argument("--phase4-mix-steps", type=int, default=500,
+                    help="phase 4's second block (phase-3 rows + key drill + lookup task, rows of 512) steps; 0: none")
+    ap.add_argument("--phase4-steps", type=int, default=0,
+                    help="phase 4's last block (as the second, with lookup records closer to chat) steps; 0 (default): no "
+                         "phase 4, which is experimental and not part of the shipped model (the run made: 1000)")
     args = ap.parse_args()
-    for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps"):
+    for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps", "phase4_lookup_steps", "phase4_mix_steps",
+                 "phase4_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -312,8 +328,10 @@ def main() -> None:
         trained: dict[str, Any] = {"history": [{"phase": 1, "from_model": str(start), "card": card, "log": given_log}],
                                    "steps": card.get("training_steps", 0), "tokens": card.get("training_tokens", 0)}
         if given_log and any(h.get("phase") == 2 for h in given_log.get("stages", [])):
-            # A phase-2 output: its own history (phase 1 as it was given, then phase 2) goes on.
-            trained.update(history=given_log["stages"], phase2=card.get("phase2"))
+            # A phase-2 (or later) output: its own history (phase 1 as it was given, then the
+            # later phases) goes on.
+            trained.update(history=given_log["stages"], phase2=card.get("phase2"), phase3=card.get("phase3"),
+                           phase4=card.get("phase4"))
     else:
         trained = train_main(args)
         if args.polish_steps:
@@ -341,6 +359,15 @@ def main() -> None:
         model_dir = Path(args.work) / "phase3"
         trained = {**trained, "history": trained["history"] + [entry], "steps": trained["steps"] + args.phase3_steps,
                    "tokens": trained["tokens"] + args.phase3_steps * BATCH_TOKENS, "phase3": {"steps": args.phase3_steps}}
+    if args.phase4_steps:
+        from agent.recipes.phase4 import match_keys
+
+        entries = match_keys(args, model_dir)
+        model_dir = Path(args.work) / "phase4_bridge"
+        n = sum(e["steps"][1] for e in entries)
+        trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
+                   "tokens": trained["tokens"] + n * BATCH_TOKENS,
+                   "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
     finish(args, trained, model_dir)
     if args.baseline:
         from agent.recipes.baseline import run_baseline

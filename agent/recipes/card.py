@@ -51,18 +51,21 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     if isinstance(card.get("data"), dict):
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
-                        + " + synthetic template dialogues (agent/recipes)")
+                        + " + synthetic template dialogues (agent/recipes)"
+                        + (" + a synthetic plain-text lookup task in phase 4" if card.get("phase4") else ""))
     stages = detail.get("stages") or []
     given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
     phase2 = [h for h in stages if h.get("phase") == 2]
-    phase3 = next((h for h in stages if h.get("phase") == 3), None)
+    phase3 = next((h for h in reversed(stages) if h.get("phase") == 3), None)
+    phase4 = [h for h in stages if h.get("phase") == 4]
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
         card["go_no_go"] = given["card"].get("go_no_go")
         if given["card"].get("ppl_vs_softmax"):
             card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
         if given["card"].get("tokens_per_s") and isinstance(card.get("tokens_per_s"), (int, float)):
-            later = [(n, [h["tokens_per_s"] for h in hs if h.get("tokens_per_s")]) for n, hs in ((2, phase2), (3, [phase3] if phase3 else []))]
+            later = [(n, [h["tokens_per_s"] for h in hs if h.get("tokens_per_s")])
+                     for n, hs in ((2, phase2), (3, [phase3] if phase3 else []), (4, phase4))]
             card["tokens_per_s"] = ", ".join([f"phase 1: {given['card']['tokens_per_s']}"]
                                              + [f"phase {n}: {round(sum(v) / len(v))}" for n, v in later if v])
     else:
@@ -86,11 +89,24 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         card["curriculum_phase3"] = (f"{phase3['steps'][1]} steps of rows of {phase3['data']['length']} with never-stated questions "
                                      f"asked like stated ones, plus {phase3['data']['text_chars'] / 1e6:.2f} M characters of prose, "
                                      f"lr {phase3['lr']:g} (WSD)")
+    if phase4:
+        parts = {h["block"]: h for h in phase4}
+        what = {"lookup": "key drills and the lookup task, rows of 256",
+                "mix": "phase-3 rows, key drills and the lookup task, rows of 512",
+                "bridge": "phase-3 rows, key drills and lookup records closer to chat, rows of 512"}
+        card["curriculum_phase4"] = "; ".join(
+            f"{h['steps'][1]}" + (f" of {h['planned_steps']}" if h.get("planned_steps", h["steps"][1]) != h["steps"][1] else "")
+            + f" steps of {what[name]}, lr {h['lr']:g} (WSD): lookup first digit {h['checks'][-1]['lookup_first_digit']:.2f},"
+              f" two codes right {h['checks'][-1]['two_codes_right']:.2f}"
+            for name, h in parts.items())
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])
     card["heldout_not_told"] = _fmt(r["not_told"])
     card["heldout_stale"] = _fmt(r["update_stale"])
+    if "keys_right" in r:  # two codes held, each asked (older eval.json files lack it)
+        card["heldout_two_codes"] = "right/swapped " + " ".join(
+            f"{d}:{r['keys_right'][d]:.2f}/{r['keys_swapped'][d]:.2f}" for d in (0, 256, 512, 1024, 2048) if d in r["keys_right"])
     card["heldout_end_of_turn"] = ev["end_of_turn"]["ended_within_200"]
     card["heldout_ppl"] = round(ev["ppl"], 2)
     base = work / "baseline.json"

@@ -12,7 +12,8 @@ def _eval(work: Path) -> None:
     rates = {"0": 1.0, "256": 0.875, "512": 0.75}
     work.mkdir()
     (work / "eval.json").write_text(json.dumps({
-        "recall": {"recall_5digit": rates, "not_told": rates, "update_stale": {"0": 0.0, "256": 0.125, "512": 0.25}},
+        "recall": {"recall_5digit": rates, "not_told": rates, "update_stale": {"0": 0.0, "256": 0.125, "512": 0.25},
+                   "keys_right": {"0": 0.5, "256": 0.5}, "keys_swapped": {"0": 0.375, "256": 0.5}},
         "end_of_turn": {"ended_within_200": 1.0}, "ppl": 120.5}))
 
 
@@ -37,6 +38,7 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
     out = update_card(model, tmp_path / "work", None)
     assert out["curriculum"] == given["curriculum"] and out["go_no_go"] == given["go_no_go"]
     assert out["ppl_vs_softmax"] == given["ppl_vs_softmax"]
+    assert out["heldout_two_codes"] == "right/swapped 0:0.50/0.38 256:0.50/0.50"
     assert out["curriculum_phase2"] == "2 cycles of 512x80 -> 1024x80 -> 256x40 (400 steps), then a 50-step drill with more text at lr 0.0003 decaying to 0"
     assert out["phase2_validation"] == "200:0.50 400:0.60"
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4402"
@@ -62,3 +64,32 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
                                         "lr 0.0004 (WSD)")
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4000, phase 3: 3900"
     assert "pydoc topics" in out["data"] and "torch" in out["data"]
+
+
+def test_phase4_adds_its_blocks_their_last_checks_and_the_lookup_task(tmp_path: Path) -> None:
+    given = {"curriculum": "256x250", "go_no_go": "step 250: 0.00", "tokens_per_s": 2129}
+    check = {"step": 0, "lookup_first_digit": 0.0, "two_codes_right": 0.0, "two_codes_swapped": 0.0}
+    stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None},
+                          {"phase": 3, "block": "ghosts+prose", "data": {"length": 512, "text_chars": 10}, "steps": [0, 10], "lr": 4e-4,
+                           "tokens_per_s": 3900},
+                          {"phase": 4, "block": "lookup", "steps": [0, 900], "lr": 1e-3, "tokens_per_s": 4200,
+                           "checks": [check, {**check, "step": 900, "lookup_first_digit": 0.29, "two_codes_right": 0.4}]},
+                          {"phase": 4, "block": "mix", "steps": [0, 500], "planned_steps": 1500, "lr": 1e-3, "tokens_per_s": 4000,
+                           "checks": [{**check, "step": 500, "lookup_first_digit": 0.4, "two_codes_right": 0.45}]},
+                          {"phase": 4, "block": "bridge", "steps": [0, 1000], "planned_steps": 1000, "lr": 1e-3, "tokens_per_s": 4100,
+                           "checks": [{**check, "step": 1000, "lookup_first_digit": 0.61, "two_codes_right": 0.75}]}]
+    model = tmp_path / "model"
+    model.mkdir()
+    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase3": {"steps": 10},
+            "phase4": {"steps": 2400, "lookup": 900, "mix": 500, "bridge": 1000}, "tokens_per_s": 4000}
+    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    _eval(tmp_path / "work")
+    out = update_card(model, tmp_path / "work", None)
+    assert out["curriculum_phase4"] == (
+        "900 steps of key drills and the lookup task, rows of 256, lr 0.001 (WSD): lookup first digit 0.29, two codes right 0.40; "
+        "500 of 1500 steps of phase-3 rows, key drills and the lookup task, rows of 512, lr 0.001 (WSD): lookup first digit 0.40, "
+        "two codes right 0.45; "
+        "1000 steps of phase-3 rows, key drills and lookup records closer to chat, rows of 512, lr 0.001 (WSD): "
+        "lookup first digit 0.61, two codes right 0.75")
+    assert out["tokens_per_s"] == "phase 1: 2129, phase 3: 3900, phase 4: 4100"
+    assert out["data"].endswith("a synthetic plain-text lookup task in phase 4")

@@ -1,4 +1,4 @@
-"""The recipe's phases 2 and 3 end to end on the tiny preset: `--from-model` -> model directory + card."""
+"""The recipe's phases 2, 3 and 4 end to end on the tiny preset: `--from-model` -> model directory + card."""
 
 from __future__ import annotations
 
@@ -18,32 +18,37 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "2",
-           "--phase2-polish-steps", "2", "--phase3-steps", "2", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+           "--phase2-polish-steps", "2", "--phase3-steps", "2", "--phase4-lookup-steps", "1", "--phase4-mix-steps", "1", "--phase4-steps", "2", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     lm = load_model_dir(out)
     card = lm.card
     assert card["phase2"]["steps"] == 2 and card["phase2"]["polish_steps"] == 2 and card["phase2"]["best_validation_step"] == 2
     assert card["phase3"] == {"steps": 2}
-    assert card["training_tokens"] == (2 + 2 + 2) * 4096
+    assert card["phase4"] == {"steps": 4, "lookup": 1, "mix": 1, "bridge": 2}
+    assert card["training_tokens"] == (2 + 2 + 2 + 1 + 1 + 2) * 4096
     stages = card["stages"]
     assert stages[0]["phase"] == 1 and stages[0]["from_model"] == str(start)
     assert stages[1]["block"] == "rows512" and "validation" in stages[1]
     assert stages[2]["block"] == "polish" and stages[2]["steps"] == [0, 2]
     assert stages[3]["phase"] == 3 and stages[3]["data"]["never"] > 0 and stages[3]["data"]["text_chars"] > 0
+    assert [(h["phase"], h["block"], h["steps"], h["planned_steps"]) for h in stages[4:]] == [
+        (4, "lookup", [0, 1], 1), (4, "mix", [0, 1], 3), (4, "bridge", [0, 2], 2)]
+    assert stages[6]["checks"][-1]["step"] == 2 and 0 <= stages[6]["checks"][-1]["two_codes_right"] <= 1
+    assert stages[6]["data"]["lookup_records"] > 0 and stages[6]["data"]["key_drill_tokens"] > 0
     ev = json.loads((tmp_path / "work" / "eval.json").read_text())
     assert set(ev["recall"]["recall_5digit"]) == {"0", "64", "128", "256", "512", "1024", "2048"}
 
-    # Phase 3 alone on that phase-2 output (its card folded as `card.py` does): the
-    # history goes on from the given model's own stages.
+    # Phase 3 alone on that output (its card folded as `card.py` does): the history goes on
+    # from the given model's own stages.
     subprocess.run([sys.executable, "-m", "agent.recipes.card", "--model", str(out), "--work", str(tmp_path / "work")],
                    check=True, capture_output=True, timeout=300)
     again = tmp_path / "again"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(out), "--phase2-steps", "0",
-           "--phase3-steps", "3", "--eval-trials", "1", "--work", str(tmp_path / "work2"), "--out", str(again)]
+           "--phase3-steps", "3", "--phase4-steps", "0", "--eval-trials", "1", "--work", str(tmp_path / "work2"), "--out", str(again)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     card2 = load_model_dir(again).card
-    assert card2["training_tokens"] == (2 + 2 + 2 + 3) * 4096 and card2["phase2"] == card["phase2"]
-    assert [h.get("phase") for h in card2["stages"]] == [1, 2, 2, 3, 3]
+    assert card2["training_tokens"] == (2 + 2 + 2 + 4 + 3) * 4096 and card2["phase2"] == card["phase2"]
+    assert [h.get("phase") for h in card2["stages"]] == [1, 2, 2, 3, 4, 4, 4, 3]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -51,6 +56,9 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     (["--phase2-steps", "-1"], "--phase2-steps must be >= 0"),
     (["--phase2-polish-steps", "-5"], "--phase2-polish-steps must be >= 0"),
     (["--phase3-steps", "-2"], "--phase3-steps must be >= 0"),
+    (["--phase4-steps", "-1"], "--phase4-steps must be >= 0"),
+    (["--phase4-lookup-steps", "-3"], "--phase4-lookup-steps must be >= 0"),
+    (["--phase4-mix-steps", "-4"], "--phase4-mix-steps must be >= 0"),
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])
 def test_bad_recipe_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
