@@ -19,8 +19,9 @@ Three blocks, each with its own data and WSD schedule, lr 1e-3, answers weighted
 
 Each is trained in stops (every CHECK_EVERY steps; a resume is the same run), logging
 the lookup task's first-digit accuracy and the two-codes check. Measured (900 + 500 +
-1,000 steps from the phase-3 model): the lookup task went from chance (0.09) to 0.40, but
-chat recall still took the latest code (two codes right 0.43-0.48), "not told" and stale
+1,000 steps from the phase-3 model): the lookup task went from chance (0.09) to 0.40 (and
+stayed there for 1,400 more steps of the lookup block's data), but chat recall still took
+the latest code (two codes right 0.43-0.48), "not told" and stale
 updates got worse, and recall at 512 and text perplexity got better; so the shipped model
 is still phase 3's. Numbers: docs/default-model.md.
 """
