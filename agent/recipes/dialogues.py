@@ -415,9 +415,9 @@ class Builder:
 
         Measured on the phase-3 model: with two codes held it gave the right one 0.40-0.44
         of the time over 0-512 tokens (the other code 0.37-0.42; 96 trials), i.e. it
-        answered with "a recent code", not the one asked for. Here only the key tells the answers apart:
-        most values are 5-digit, and 30% of the codes share two of their three words with
-        an earlier one. (Keys are unique within a block, not within the row: a later block
+        answered with "a recent code", not the one asked for. Here only the key tells the
+        answers apart: most values are 5-digit, and 30% of the codes share two of their
+        three words with an earlier one. (Keys are unique within a block, not within the row: a later block
         may restate an earlier key with a new value, which its answers then give, and a
         later block's ghost may be a key an earlier block stated: none of 846 checked was.)"""
         w = self.world

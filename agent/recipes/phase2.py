@@ -116,7 +116,7 @@ def extend(args: argparse.Namespace, start: Path) -> dict[str, Any]:
                             "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]})
             step = end
         lm = load_model_dir(run)
-        val = evaluate(lm, held_p, distances=(256, 512), trials=16, seed=VAL_SEED)
+        val = evaluate(lm, held_p, distances=(256, 512), trials=16, seed=VAL_SEED, kinds=("recall", "never", "update"))
         s = score(val)
         history[-1]["validation"] = {"step": step, "score": s, "recall_5digit": val["recall_5digit"], "not_told": val["not_told"],
                                      "update_stale": val["update_stale"], "refused_stated": val["refused_stated"]}
