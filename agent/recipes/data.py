@@ -97,6 +97,18 @@ def write_text(path: Path, passages: list[Passage]) -> None:
             f.write(json.dumps({"text": p.text}) + "\n")
 
 
+def take_chars(ordered: list[Passage], want: float) -> tuple[list[Passage], int]:
+    """Passages from `ordered`, in order, until their text reaches `want` characters (the
+    one that crosses it included); returns them and their character count."""
+    picked, chars = [], 0
+    for p in ordered:
+        if chars >= want:
+            break
+        picked.append(p)
+        chars += len(p.text)
+    return picked, chars
+
+
 def write_stage(folder: Path, *, seed: int, stage: int, spec: DialogueSpec, n_dialogues: int, passages: list[Passage],
                 tok: Tokenizer, template: ChatTemplate, world: World = TRAIN, text_share: float = TEXT_SHARE,
                 text: list[Passage] | None = None) -> dict:
@@ -107,13 +119,8 @@ def write_stage(folder: Path, *, seed: int, stage: int, spec: DialogueSpec, n_di
     tokens = write_dialogues(folder / "a_dialogues.jsonl", builder, rng, spec, n_dialogues, tok, template)
     # Plain English is about `text_share` of the stage's tokens (~4 characters a token).
     want_chars = text_share / (1 - text_share) * tokens * 4
-    picked, chars = [], 0
     pool = passages if text is None else text
-    for p in rng.sample(pool, len(pool)):
-        if chars >= want_chars:
-            break
-        picked.append(p)
-        chars += len(p.text)
+    picked, chars = take_chars(rng.sample(pool, len(pool)), want_chars)
     write_text(folder / "b_text.jsonl", picked)
     return {"stage": stage, "length": spec.length, "gap": [spec.gap_min, spec.gap_max], "dialogues": n_dialogues,
             "dialogue_tokens": tokens, "text_chars": chars, **builder.stats}

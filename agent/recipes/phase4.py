@@ -63,13 +63,7 @@ CHARS_PER_LOOKUP_TOKEN = 2.2  # measured on lookup.record with the default token
 def _prose(rng: random.Random, train: list[Passage], chars: float) -> list[Passage]:
     pool = wide_text(train)
     rng.shuffle(pool)
-    picked, n = [], 0
-    for p in pool:
-        if n > chars:
-            break
-        picked.append(p)
-        n += len(p.text)
-    return picked
+    return rdata.take_chars(pool, chars)[0]
 
 
 def _lookup_records(rng: random.Random, words: list[str], chars: float, styles: tuple[str, ...] = ("word",)) -> list[Passage]:
