@@ -139,7 +139,14 @@ class Fact:
             return f"The {self.attr} for the {self.thing} is {self.value}."
         return f"Your {self.attr} is {self.value}."
 
-    def not_told(self) -> str:
+    def not_told(self, key_local: bool = False) -> str:
+        """The refusal. `key_local` repeats the key first and refuses in its value's place
+        ("The pin for the X is something you haven't told me."), so the choice is made
+        right after the key is restated, as a recall answer's first digit is."""
+        if key_local:
+            if self.kind == "code":
+                return f"The {self.attr} for the {self.thing} is something you haven't told me."
+            return f"Your {self.attr} is something you haven't told me."
         if self.kind == "code":
             return f"You haven't told me the {self.attr} for the {self.thing}."
         return f"You haven't told me your {self.attr}."
@@ -205,6 +212,14 @@ class DialogueSpec:
     near_gap: float = 0.0
     # Rows of the key drill (`Builder.key_drill`) instead of ordinary chat.
     key_drill: bool = False
+    # Refusals in the key-local form (`Fact.not_told`).
+    key_local: bool = False
+    # Key drill only: how many never-stated questions a block asks (drawn evenly), the
+    # chance that one is about an unrelated key rather than a stated key with one word
+    # changed, and the chance that a block updates one of its codes before the questions.
+    drill_ghosts: tuple[int, int] = (0, 2)
+    far_ghosts: float = 0.0
+    drill_updates: float = 0.0
 
 
 @dataclass
@@ -329,7 +344,7 @@ class Builder:
             new: list[Message]
             if kind == "ask":
                 lv = due[0]
-                reply = lv.fact.not_told() if lv.ghost else lv.fact.answer()
+                reply = lv.fact.not_told(spec.key_local) if lv.ghost else lv.fact.answer()
                 new = [{"role": "user", "content": lv.fact.question(rng, w)}, {"role": "assistant", "content": reply}]
             elif kind == "plant":
                 n = 1 if rng.random() < 0.7 else rng.randint(2, 3)
@@ -362,7 +377,7 @@ class Builder:
                 codes = [lv.fact for lv in held() if lv.fact.kind == "code"]
                 if codes and rng.random() < spec.near_miss:
                     f = near_key(rng.choice(codes)) or f
-                new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told()}]
+                new = [{"role": "user", "content": f.question(rng, w)}, {"role": "assistant", "content": f.not_told(spec.key_local)}]
             elif kind == "update":
                 lv = rng.choice(held())
                 old = lv.fact.value
@@ -419,7 +434,14 @@ class Builder:
         answers apart: most values are 5-digit, and 30% of the codes share two of their
         three words with an earlier one. (Keys are unique within a block, not within the row: a later block
         may restate an earlier key with a new value, which its answers then give, and a
-        later block's ghost may be a key an earlier block stated: none of 846 checked was.)"""
+        later block's ghost may be a key an earlier block stated: none of 846 checked was.)
+
+        Phase 5's drills set `spec.drill_ghosts` (1-3 never-stated questions a block),
+        `spec.far_ghosts` (those keys unrelated to any stated one instead of one word off),
+        `spec.drill_updates` (a block restates one code with a new value before the
+        questions, which then get the new value) and `spec.key_local` (refusals restate
+        the key). The defaults draw from `rng` exactly as before, so phase 4's data is
+        unchanged."""
         w = self.world
         sys_msg, _ = self.system(rng)
         msgs = [sys_msg]
@@ -452,15 +474,25 @@ class Builder:
                 block += [{"role": "user", "content": " ".join(f.statement(rng, w) for f in facts[i:i + n])},
                           {"role": "assistant", "content": rng.choice(w.acks)}]
                 i += n
+            if spec.drill_updates and rng.random() < spec.drill_updates:
+                f = rng.choice(facts)
+                old = f.value
+                while f.value == old:
+                    f.value = make_value(rng, "num5", w)
+                block += [{"role": "user", "content": f.statement(rng, w, update=True)},
+                          {"role": "assistant", "content": rng.choice(w.update_acks)}]
             questions = [(f, False) for f in facts]
-            for _ in range(rng.randint(0, 2)):
-                g = Fact("code", *one_word_off(rng.choice(facts)), "code")
+            for _ in range(rng.randint(*spec.drill_ghosts)):
+                if spec.far_ghosts and rng.random() < spec.far_ghosts:
+                    g = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "code")
+                else:
+                    g = Fact("code", *one_word_off(rng.choice(facts)), "code")
                 if g.key not in taken:
                     questions.append((g, True))
             rng.shuffle(questions)
             for f, ghost in questions:
                 block += [{"role": "user", "content": f.question(rng, w)},
-                          {"role": "assistant", "content": f.not_told() if ghost else f.answer()}]
+                          {"role": "assistant", "content": f.not_told(spec.key_local) if ghost else f.answer()}]
             full = False
             for m in block:
                 n = self.count(m)

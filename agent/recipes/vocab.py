@@ -156,3 +156,56 @@ VARIED = dict(
 def varied(world: World) -> World:
     """`world` with the VARIED phrasings added to its own."""
     return dataclasses.replace(world, **{k: getattr(world, k) + v for k, v in VARIED.items()})
+
+
+# Phase 5: phrasings built from openers x cores, so that a fact or question in a wording
+# never seen is still read as one. Measured on a model that copies keys well: after a
+# held-out statement it refused 10 of 30 stated codes at once (all after "I set ... to
+# {value}", a shape no training phrasing had), and after training statements 0 of 30.
+# None of these is a HELDOUT phrasing (tested).
+_Q_OPEN = ("", "Quick question: ", "Hey, ", "Sorry, ", "One more thing: ", "Hmm, ", "Okay, ", "So, ")
+_Q_CODE = ("what is the {attr} for the {thing}?", "what's the {attr} for the {thing} again?",
+           "what did I say the {attr} for the {thing} was?", "can you tell me the {attr} for the {thing}?",
+           "do you still have the {attr} for the {thing}?", "I need the {attr} for the {thing}.",
+           "give me the {attr} for the {thing}, please.", "what {attr} did I use for the {thing}?",
+           "what {attr} did I pick for the {thing}?", "for the {thing}, what is the {attr}?",
+           "the {attr} for the {thing}, what was it?", "remember the {attr} for the {thing}? What is it?",
+           "could you look up the {attr} for the {thing}?", "which {attr} is for the {thing}?",
+           "tell me what the {attr} for the {thing} is.", "do you know which {attr} I chose for the {thing}?")
+_Q_SLOT = ("what is my {slot}?", "what's my {slot} again?", "what did I say my {slot} was?", "can you tell me my {slot}?",
+           "do you still have my {slot}?", "I need my {slot}.", "tell me my {slot}, please.",
+           "do you know my {slot}?")
+_S_OPEN = ("", "By the way, ", "Heads up: ", "Also, ", "Note that ", "For later, ", "Just so you know, ", "Okay, ")
+_S_CODE = ("the {attr} for the {thing} is {value}.", "I changed the {attr} for the {thing} to {value}.",
+           "I switched the {attr} for the {thing} to {value}.", "we moved the {attr} for the {thing} to {value}.",
+           "the {attr} for the {thing} will be {value}.", "I chose {value} as the {attr} for the {thing}.",
+           "the {thing} uses {value} as its {attr}.", "the {attr} I use for the {thing} is {value}.",
+           "the {attr} for the {thing} has been {value} since Monday.")
+_S_SLOT = ("my {slot} is {value}.", "I changed my {slot} to {value}.", "my {slot} will be {value}.",
+           "I'd mention that my {slot} is {value}.", "my {slot} has been {value} for years.")
+_U_OPEN = ("", "Heads up, ", "Oh, ", "Sorry, ")
+_U_CODE = ("the {attr} for the {thing} is now {value}.", "I changed the {attr} for the {thing} to {value} today.",
+           "the {attr} for the {thing} was replaced by {value}.", "from today the {attr} for the {thing} is {value}.",
+           "forget the old {attr} for the {thing}, it is {value} now.")
+_U_SLOT = ("my {slot} is now {value}.", "I changed my {slot} to {value} today.", "forget my old {slot}, it is {value} now.")
+
+
+def _compose(openers: tuple[str, ...], cores: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for o in openers:
+        for c in cores:
+            s = o + c
+            out.append(s[0].upper() + s[1:])
+    return tuple(out)
+
+
+COMPOSED = dict(
+    code_questions=_compose(_Q_OPEN, _Q_CODE), slot_questions=_compose(_Q_OPEN, _Q_SLOT),
+    code_statements=_compose(_S_OPEN, _S_CODE), slot_statements=_compose(_S_OPEN, _S_SLOT),
+    update_code=_compose(_U_OPEN, _U_CODE), update_slot=_compose(_U_OPEN, _U_SLOT),
+)
+
+
+def composed(world: World) -> World:
+    """`world` with the COMPOSED phrasings added to its own."""
+    return dataclasses.replace(world, **{k: getattr(world, k) + v for k, v in COMPOSED.items()})
