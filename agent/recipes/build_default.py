@@ -26,7 +26,11 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    made is equivalent to `--from-model agent/models/default --phase2-steps 0
    --phase3-steps 0 --phase4-steps 1000` (same data, byte for byte, and schedules); its
    model is not shipped: see docs/default-model.md.
-9. Evaluation (held-out recall, "not told", updates, two codes held, end of turn, held-out
+9. Phase 5 (phase5.py), off unless `--phase5-steps` is given: answer by key, copy the
+   key, refuse at the key. Key drills whose keys are made-up words, with the loss on the
+   decision tokens only (`--phase5-bind-steps`), then those mixed with phase-3 rows and
+   prose (`--phase5-steps`).
+10. Evaluation (held-out recall, "not told", updates, two codes held, end of turn, held-out
    perplexity) and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
 the gate checkpoint's steps and compares held-out perplexity at equal tokens.
@@ -265,6 +269,7 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
         "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
         "curriculum": [{"rows": s[0], "gaps": [s[1], s[2]]} for s in STAGES],
         "phase2": trained.get("phase2"), "phase3": trained.get("phase3"), "phase4": trained.get("phase4"),
+        "phase5": trained.get("phase5"),
         "stages": hist, "schedule_shortened": trained.get("shortened") or None,
         "data": {
             "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter"
@@ -310,9 +315,15 @@ def main() -> None:
     ap.add_argument("--phase4-steps", type=int, default=0,
                     help="phase 4's last block (as the second, with lookup records closer to chat) steps; 0 (default): no "
                          "phase 4, which is experimental and not part of the shipped model (the run made: 1000)")
+    ap.add_argument("--phase5-bind-steps", type=int, default=450,
+                    help="phase 5's first block (key drills, loss on the values' first digits only) steps; 0: none")
+    ap.add_argument("--phase5-decide-steps", type=int, default=450,
+                    help="phase 5's second block (made-up key words, loss on the decision tokens only) steps; 0: none")
+    ap.add_argument("--phase5-steps", type=int, default=0,
+                    help="phase 5's last block (phase-3 rows + key drills + prose) steps; 0 (default): no phase 5")
     args = ap.parse_args()
     for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps", "phase4_lookup_steps", "phase4_mix_steps",
-                 "phase4_steps"):
+                 "phase4_steps", "phase5_bind_steps", "phase5_decide_steps", "phase5_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -331,7 +342,7 @@ def main() -> None:
             # A phase-2 (or later) output: its own history (phase 1 as it was given, then the
             # later phases) goes on.
             trained.update(history=given_log["stages"], phase2=card.get("phase2"), phase3=card.get("phase3"),
-                           phase4=card.get("phase4"))
+                           phase4=card.get("phase4"), phase5=card.get("phase5"))
     else:
         trained = train_main(args)
         if args.polish_steps:
@@ -368,6 +379,14 @@ def main() -> None:
         trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
                    "tokens": trained["tokens"] + n * BATCH_TOKENS,
                    "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
+    if args.phase5_steps:
+        from agent.recipes.phase5 import copy_keys
+
+        entries, model_dir = copy_keys(args, model_dir)
+        n = sum(e["steps"][1] for e in entries)
+        trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
+                   "tokens": trained["tokens"] + n * BATCH_TOKENS,
+                   "phase5": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
     finish(args, trained, model_dir)
     if args.baseline:
         from agent.recipes.baseline import run_baseline

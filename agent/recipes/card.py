@@ -52,12 +52,14 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
                         + " + synthetic template dialogues (agent/recipes)"
-                        + (" + a synthetic plain-text lookup task in phase 4" if card.get("phase4") else ""))
+                        + (" + a synthetic plain-text lookup task in phase 4" if card.get("phase4") else "")
+                        + (" + key drills with made-up key words in phase 5" if card.get("phase5") else ""))
     stages = detail.get("stages") or []
     given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
     phase2 = [h for h in stages if h.get("phase") == 2]
     phase3 = next((h for h in reversed(stages) if h.get("phase") == 3), None)
     phase4 = [h for h in stages if h.get("phase") == 4]
+    phase5 = [h for h in stages if h.get("phase") == 5]
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
         card["go_no_go"] = given["card"].get("go_no_go")
@@ -65,7 +67,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
         if given["card"].get("tokens_per_s") and isinstance(card.get("tokens_per_s"), (int, float)):
             later = [(n, [h["tokens_per_s"] for h in hs if h.get("tokens_per_s")])
-                     for n, hs in ((2, phase2), (3, [phase3] if phase3 else []), (4, phase4))]
+                     for n, hs in ((2, phase2), (3, [phase3] if phase3 else []), (4, phase4), (5, phase5))]
             card["tokens_per_s"] = ", ".join([f"phase 1: {given['card']['tokens_per_s']}"]
                                              + [f"phase {n}: {round(sum(v) / len(v))}" for n, v in later if v])
     else:
@@ -99,10 +101,26 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             + f" steps of {what[name]}, lr {h['lr']:g} (WSD): lookup first digit {h['checks'][-1]['lookup_first_digit']:.2f},"
               f" two codes right {h['checks'][-1]['two_codes_right']:.2f}"
             for name, h in parts.items())
+    if phase5:
+        what = {"bind": "key drills, loss on the values' first digits only",
+                "decide": "key drills with made-up key words, loss on the decision tokens only",
+                "mix": "phase-3 rows, key drills and prose"}
+
+        def last(h: dict[str, Any]) -> str:
+            c = h["checks"][-1]
+            line = f"binding {c['bind_right']:.2f}/{c['bind_other']:.2f}, refusal AUC {c['refusal_auc']:.2f}"
+            if "not_told" in c:
+                line += f", at 0 tokens not told {c['not_told']:.2f} and stated refused {c['refused_stated']:.2f}"
+            return line
+
+        card["curriculum_phase5"] = "; ".join(f"{h['steps'][1]} steps of {what[h['block']]}, rows of {h['rows']}, lr {h['lr']:g} (WSD): "
+                                              + last(h) for h in phase5)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])
     card["heldout_not_told"] = _fmt(r["not_told"])
+    if "refused_stated" in r:
+        card["heldout_refused_stated"] = _fmt(r["refused_stated"])
     card["heldout_stale"] = _fmt(r["update_stale"])
     if "keys_right" in r:  # two codes held, each asked (older eval.json files lack it)
         card["heldout_two_codes"] = "right/swapped " + " ".join(

@@ -13,6 +13,7 @@ def _eval(work: Path) -> None:
     work.mkdir()
     (work / "eval.json").write_text(json.dumps({
         "recall": {"recall_5digit": rates, "not_told": rates, "update_stale": {"0": 0.0, "256": 0.125, "512": 0.25},
+                   "refused_stated": {"0": 0.0, "256": 0.125, "512": 0.25},
                    "keys_right": {"0": 0.5, "256": 0.5}, "keys_swapped": {"0": 0.375, "256": 0.5}},
         "end_of_turn": {"ended_within_200": 1.0}, "ppl": 120.5}))
 
@@ -93,3 +94,31 @@ def test_phase4_adds_its_blocks_their_last_checks_and_the_lookup_task(tmp_path: 
         "lookup first digit 0.61, two codes right 0.75")
     assert out["tokens_per_s"] == "phase 1: 2129, phase 3: 3900, phase 4: 4100"
     assert out["data"].endswith("a synthetic plain-text lookup task in phase 4")
+
+
+def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_facts(tmp_path: Path) -> None:
+    given = {"curriculum": "256x250", "go_no_go": "step 250: 0.00", "tokens_per_s": 2129}
+    forced = {"step": 450, "bind_right": 0.7, "bind_other": 0.25, "bind_right_wins": 0.75, "refusal_auc": 0.5}
+    stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None},
+                          {"phase": 5, "block": "bind", "steps": [0, 450], "rows": 256, "lr": 1e-3, "tokens_per_s": 4300, "checks": [forced]},
+                          {"phase": 5, "block": "decide", "steps": [0, 450], "rows": 512, "lr": 1e-3, "tokens_per_s": 4300,
+                           "checks": [{**forced, "refusal_auc": 0.8}]},
+                          {"phase": 5, "block": "mix", "steps": [0, 700], "rows": 512, "lr": 1e-3, "tokens_per_s": 4100,
+                           "checks": [{**forced, "step": 700, "bind_right": 0.8, "refusal_auc": 0.85, "not_told": 0.9, "refused_stated": 0.0}]}]
+    model = tmp_path / "model"
+    model.mkdir()
+    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."},
+            "phase5": {"steps": 1600, "bind": 450, "decide": 450, "mix": 700}, "tokens_per_s": 4000}
+    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    _eval(tmp_path / "work")
+    out = update_card(model, tmp_path / "work", None)
+    assert out["curriculum_phase5"] == (
+        "450 steps of key drills, loss on the values' first digits only, rows of 256, lr 0.001 (WSD): binding 0.70/0.25, "
+        "refusal AUC 0.50; "
+        "450 steps of key drills with made-up key words, loss on the decision tokens only, rows of 512, lr 0.001 (WSD): "
+        "binding 0.70/0.25, refusal AUC 0.80; "
+        "700 steps of phase-3 rows, key drills and prose, rows of 512, lr 0.001 (WSD): binding 0.80/0.25, refusal AUC 0.85, "
+        "at 0 tokens not told 0.90 and stated refused 0.00")
+    assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4233"
+    assert out["data"].endswith("key drills with made-up key words in phase 5")
+    assert out["heldout_refused_stated"] == "0:0.00 256:0.12 512:0.25"

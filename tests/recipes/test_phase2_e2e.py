@@ -1,4 +1,4 @@
-"""The recipe's phases 2, 3 and 4 end to end on the tiny preset: `--from-model` -> model directory + card."""
+"""The recipe's phases 2-5 end to end on the tiny preset: `--from-model` -> model directory + card."""
 
 from __future__ import annotations
 
@@ -51,6 +51,27 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     assert [h.get("phase") for h in card2["stages"]] == [1, 2, 2, 3, 4, 4, 4, 3]
 
 
+@pytest.mark.slow
+def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path) -> None:
+    start = tmp_path / "start"
+    save_model_dir(load_model("tiny"), start)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "0",
+           "--phase3-steps", "0", "--phase5-bind-steps", "1", "--phase5-decide-steps", "1", "--phase5-steps", "2", "--eval-trials", "1",
+           "--work", str(tmp_path / "work"), "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+    card = load_model_dir(out).card
+    assert card["phase5"] == {"steps": 4, "bind": 1, "decide": 1, "mix": 2}
+    assert card["training_tokens"] == 4 * 4096
+    blocks = [h for h in card["stages"] if h.get("phase") == 5]
+    assert [(h["block"], h["steps"], h["rows"], h["focus_only"]) for h in blocks] == [
+        ("bind", [0, 1], 256, True), ("decide", [0, 1], 512, True), ("mix", [0, 2], 512, False)]
+    assert "not_told" not in blocks[0]["checks"][-1] and 0 <= blocks[0]["checks"][-1]["refusal_auc"] <= 1
+    assert blocks[2]["checks"][-1]["step"] == 2 and 0 <= blocks[2]["checks"][-1]["not_told"] <= 1
+    assert blocks[0]["data"]["key_drill_tokens"] > 0 and blocks[2]["data"]["phase3_tokens"] > 0
+    assert not (tmp_path / "work" / "phase5_mix_data").exists()  # rebuilt from the seed when needed
+
+
 @pytest.mark.parametrize("args, message", [
     (["--from-model", "/nonexistent/model"], "--from-model: model directory /nonexistent/model does not exist"),
     (["--phase2-steps", "-1"], "--phase2-steps must be >= 0"),
@@ -59,6 +80,9 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     (["--phase4-steps", "-1"], "--phase4-steps must be >= 0"),
     (["--phase4-lookup-steps", "-3"], "--phase4-lookup-steps must be >= 0"),
     (["--phase4-mix-steps", "-4"], "--phase4-mix-steps must be >= 0"),
+    (["--phase5-steps", "-1"], "--phase5-steps must be >= 0"),
+    (["--phase5-bind-steps", "-2"], "--phase5-bind-steps must be >= 0"),
+    (["--phase5-decide-steps", "-3"], "--phase5-decide-steps must be >= 0"),
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])
 def test_bad_recipe_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

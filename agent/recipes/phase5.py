@@ -1,0 +1,225 @@
+"""Phase 5 of the default model's recipe: answer by key, copy the key, refuse at the key.
+
+The phase-3 model recalls a lone fact but answers with "a recent code" whatever the key
+(two codes held: right 0.40-0.44, the other 0.37-0.42), so it cannot tell a never-stated
+key from a stated one. Measured on the way here (docs/default-model.md):
+
+- Key matching is learned in ~450 steps of key drills once the loss is on a value's first
+  digit alone; with the whole answer in the loss it had not appeared after 1,000 steps.
+- The choice to refuse is easier right after the key is restated, so refusals here are
+  key-local ("The pin for the X is something you haven't told me.", `Fact.not_told`).
+- That only helps if the reply restates the asked key. Trained on a few thousand real
+  words as keys, the model wrote a key from its own vocabulary of keys instead (0 of 40
+  held-out keys copied exactly: "the pin for the porch closet" -> "the combination for the
+  press flip"), then rightly refused the key it had written. Keys made of arbitrary BPE
+  fragments (`fragment_words`) can only be copied, and 450 steps of them took held-out
+  keys from 0 to 19-20 of 20 copied.
+- Never-stated keys in the drills are unrelated to the stated ones (`far_ghosts`): with
+  only one-word-off ghosts the choice stalled at an AUC of .66 (held out); a toy of the
+  same shape separates unrelated keys at .998 and one-word-off keys at .64-.77.
+- Statements and questions said in many more ways (`vocab.composed`): a model that copied
+  held-out keys still refused 10 of 30 stated codes said as "I set ... to {value}".
+
+Two blocks from the model directory `start`, each its own data and WSD schedule (lr 1e-3):
+
+- "bind" (rows of 512): key drills only (`Builder.key_drill` with fragment-word keys, one
+  to three unrelated never-stated keys per block, an update in 30% of the blocks), the
+  loss on the decision tokens only (`FocusTrainer`, focus_only);
+- "mix" (rows of 512): 40% phase-3 rows (key-local refusals, ghosts beside 30% of facts),
+  40% the same key drills, 20% wide prose; answers x4 and decision tokens x8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.probes import text as probe_text
+from agent.recipes import data as rdata
+from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
+from agent.recipes.corpus import Passage, read_passages, split_passages
+from agent.recipes.dialogues import DialogueSpec, Fact
+from agent.recipes.phase2 import phase2_world
+from agent.recipes.phase3 import SPEC as PHASE3_SPEC
+from agent.recipes.phase3 import phase3_world
+from agent.recipes.phase4 import _prose
+from agent.recipes.recall_eval import EVAL_SEED, evaluate
+from agent.recipes.vocab import HELDOUT, World, composed
+from agent.recipes.weighted import FocusTrainer
+from agent.runtime.checkpoint import load_model_dir
+from agent.runtime.tokenizer import Tokenizer
+from agent.train.config import TrainConfig
+
+LR = 1e-3
+FOCUS_WEIGHT = 8.0
+CHECK_EVERY = 250
+DECAY = 0.25  # share of each block's steps spent in the WSD decay
+FRAGMENT_WORDS = 20_000  # thing adjectives and nouns each, for the drills
+BIND = DialogueSpec(length=256, gap_min=0, gap_max=0, key_drill=True)  # the measured first-digit-only run's rows
+DRILL = DialogueSpec(length=512, gap_min=0, gap_max=0, key_drill=True, key_local=True, drill_ghosts=(1, 3), far_ghosts=1.0,
+                     drill_updates=0.3)
+ROWS3 = dataclasses.replace(PHASE3_SPEC, key_local=True, ghost_prob=0.3, near_gap=0.0)
+MIX = (0.4, 0.4, 0.2)  # phase-3 rows, key drills, prose
+# block: (rows, focus tokens, loss on them only)
+BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
+    "bind": (256, ("digit",), True),
+    "decide": (512, ("digit", "decision", "key"), True),
+    "mix": (512, ("digit", "decision", "key"), False),
+}
+BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
+
+
+def fragment_words(tok: Tokenizer, rng: random.Random, n: int) -> tuple[str, ...]:
+    """`n` made-up words, each one of the tokenizer's word-start pieces (" por") and zero to
+    three inner pieces ("ch", "set"): a key no training word is, so a reply can only name
+    it by copying. No held-out or probe-suite word, and never " is" / " for" / " the". A
+    tokenizer without word pieces (byte-level) gets words of 2-9 random letters."""
+    pieces = [tok.decode([i]) for i in range(tok.vocab_size)]
+    lead = [p for p in pieces if re.fullmatch(r" [a-z]{1,8}", p) and p.strip() not in BANNED]
+    inner = [p for p in pieces if re.fullmatch(r"[a-z]{1,6}", p)]
+    inner_counts: tuple[int, ...] = (0, 1, 1, 2, 2, 3)
+    if not lead or not inner:
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        lead, inner, inner_counts = [" " + c for c in letters], list(letters), tuple(range(1, 9))
+    out: list[str] = []
+    while len(out) < n:
+        w = (rng.choice(lead) + "".join(rng.choice(inner) for _ in range(rng.choice(inner_counts)))).strip()
+        if w not in BANNED and 2 <= len(w) <= 14:
+            out.append(w)
+    return tuple(out)
+
+
+def drill_world(train: list[Passage], tok: Tokenizer, rng: random.Random) -> World:
+    """Phase 3's world, composed phrasings, keys of fragment words; the training attributes
+    ("pin", "code", ...) three times as often as fragment ones."""
+    w = composed(phase3_world(train))
+    attrs = phase2_world(train).code_attrs
+    return dataclasses.replace(w, thing_adj=fragment_words(tok, rng, FRAGMENT_WORDS), thing_noun=fragment_words(tok, rng, FRAGMENT_WORDS),
+                               code_attrs=attrs * 3 + fragment_words(tok, rng, len(attrs)))
+
+
+def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, train: list[Passage]) -> dict[str, Any]:
+    """The data of block `name` ("bind", "decide" or "mix") for `steps` steps, into `folder`."""
+    tok, template = lm.tokenizer, lm.template
+    total = steps * BATCH_TOKENS
+    rng = random.Random(seed)
+    info: dict[str, Any] = {"block": name}
+    if name == "bind":
+        b = rdata.make_builder(phase2_world(train), train, tok, template)
+        info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", b, rng, BIND, math.ceil(total / BIND.length * 1.05),
+                                                         tok, template)
+        return info
+    shares = (0.0, 1.0, 0.0) if name == "decide" else MIX
+    if shares[0]:
+        b3 = rdata.make_builder(composed(phase3_world(train)), train, tok, template)
+        info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, ROWS3, math.ceil(total * shares[0] / ROWS3.length * 1.05),
+                                                      tok, template)
+    bk = rdata.make_builder(drill_world(train, tok, rng), train, tok, template)
+    info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, DRILL, math.ceil(total * shares[1] / DRILL.length * 1.05),
+                                                     tok, template)
+    if shares[2]:
+        prose = _prose(rng, train, total * shares[2] * 4)
+        rdata.write_text(folder / "b_text.jsonl", prose)
+        info["prose_chars"] = sum(len(p.text) for p in prose)
+    return info
+
+
+@torch.inference_mode()
+def forced_check(lm: Any, trials: int = 40) -> dict[str, float]:
+    """Two held-out codes (different first digits) stated, then each asked, and a third,
+    never-stated one, with the reply forced up to "The {attr} for the {thing} is". Reads
+    the next-token probabilities: binding is P(" " then the asked code's first digit)
+    against the other code's; the choice is the AUC of P(" something") (the key-local
+    refusal) for never-stated over stated codes. Greedy checks say nothing while a block
+    trains the decision tokens alone (its replies are not fluent); these still do."""
+    lm.model.eval()
+    tok, template = lm.tokenizer, lm.template
+    some, space = tok.encode(" something")[0], tok.encode(" ")[-1]
+    sys_ids = template.message(tok, "system", "", first=True)
+    right = other = wins = 0.0
+    stated_p: list[float] = []
+    never_p: list[float] = []
+    for t in range(trials):
+        rng = random.Random(EVAL_SEED + 17 * t)
+        facts: list[Fact] = []
+        while len(facts) < 3:
+            f = Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}", "num5",
+                     str(rng.randint(10000, 99999)))
+            if all(f.thing != g.thing and f.value[0] != g.value[0] for g in facts):
+                facts.append(f)
+        ids = list(sys_ids)
+        for f in facts[:2]:
+            ids += template.message(tok, "user", f.statement(rng, HELDOUT)) + template.message(tok, "assistant", rng.choice(HELDOUT.acks))
+        for k, f in enumerate(facts):
+            q = (ids + template.message(tok, "user", f.question(rng, HELDOUT)) + template.reply_prefix(tok)
+                 + tok.encode(f"The {f.attr} for the {f.thing} is"))
+            logits, state = lm.model(torch.tensor([q]), last_only=True)
+            (never_p if k == 2 else stated_p).append(float(logits[0, -1].softmax(-1)[some]))
+            if k < 2:
+                nxt, _ = lm.model(torch.tensor([[space]]), state)
+                p = nxt[0, -1].softmax(-1)
+                a, o = p[tok.encode(f.value[0])[0]], p[tok.encode(facts[1 - k].value[0])[0]]
+                right, other, wins = right + float(a), other + float(o), wins + float(a > o)
+    auc = sum((n > s_) + 0.5 * (n == s_) for n in never_p for s_ in stated_p) / (len(never_p) * len(stated_p))
+    return {"bind_right": round(right / (2 * trials), 3), "bind_other": round(other / (2 * trials), 3),
+            "bind_right_wins": round(wins / (2 * trials), 3), "refusal_auc": round(auc, 3)}
+
+
+def _check(lm: Any, held: list[Passage], step: int, greedy: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": step, **forced_check(lm)}
+    if greedy:
+        r = evaluate(lm, held, distances=(0,), trials=12, kinds=("recall", "never", "keys"))
+        out.update(recall_5digit=r["recall_5digit"][0], refused_stated=r["refused_stated"][0], not_told=r["not_told"][0],
+                   two_codes_right=r["keys_right"][0], two_codes_swapped=r["keys_swapped"][0])
+    return out
+
+
+def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int) -> dict[str, Any]:
+    """Train block `name` from the model directory `start` into <work>/phase5_<name>."""
+    work = Path(args.work)
+    torch.set_num_threads(args.threads)
+    train_p, held_p = split_passages(read_passages())
+    base = load_model_dir(start)
+    folder, run = work / f"phase5_{name}_data", work / f"phase5_{name}"
+    for d in (folder, run):
+        if d.exists():
+            shutil.rmtree(d)
+    info = write_block(folder, name, seed=seed, steps=steps, lm=base, train=train_p)
+    rows, focus, only = BLOCKS[name]
+    log(f"phase 5 {name} from {start}: {steps} steps; {info}; forced {forced_check(base)}")
+    checks, summaries = [], []
+    for end in [*range(CHECK_EVERY, steps, CHECK_EVERY), steps]:
+        cfg = TrainConfig(data=(str(folder),), out=str(run), base=str(start), steps=steps, seq_len=rows, batch_tokens=BATCH_TOKENS,
+                          lr=LR, warmup=20, schedule="wsd", decay_fraction=DECAY, resume=str(run) if checks else None,
+                          stop_after=end, seed=args.seed, device="cpu")
+        summaries.append(FocusTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=ANSWER_WEIGHT,
+                                      focus=focus, focus_weight=FOCUS_WEIGHT, focus_only=only).run())
+        checks.append(_check(load_model_dir(run), held_p, end, greedy=not only))
+        log(f"phase 5 {name} after step {end}: {checks[-1]}")
+    shutil.rmtree(folder)  # rebuilt from the seed if ever needed
+    tps = [s["tokens_per_s"] for s in summaries]
+    return {"phase": 5, "block": name, "data": info, "steps": [0, steps], "rows": rows, "focus": list(focus), "focus_only": only,
+            "lr": LR, "checks": checks, "tokens_per_s": round(sum(tps) / len(tps)), "final_loss": summaries[-1]["final_loss"],
+            "wall_s": sum(s["wall_s"] for s in summaries)}
+
+
+def copy_keys(args: argparse.Namespace, start: Path) -> tuple[list[dict[str, Any]], Path]:
+    """Phase 5 from the model directory `start`: the bind, decide and mix blocks for
+    `args.phase5_bind_steps`, `args.phase5_decide_steps` and `args.phase5_steps` (a block
+    with 0 steps is skipped). Returns the blocks' history entries and the directory of the
+    last block's model."""
+    entries = []
+    for name, steps, seed in (("bind", args.phase5_bind_steps, 7373), ("decide", args.phase5_decide_steps, 7979),
+                              ("mix", args.phase5_steps, 8484)):
+        if steps:
+            entries.append(train_block(args, start, name, steps, seed=args.seed + seed))
+            start = Path(args.work) / f"phase5_{name}"
+    return entries, start
