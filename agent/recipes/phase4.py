@@ -108,17 +108,22 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
     return info
 
 
-def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int, plan: int | None = None) -> dict[str, Any]:
-    """Train block `name` from the model directory `start` into <work>/phase4_<name>: data and
-    WSD schedule made for `plan` steps (default `steps`), stopped after `steps`."""
-    work = Path(args.work)
+def start_block(args: argparse.Namespace, start: Path, block: str) -> tuple[list[Passage], list[Passage], Any, Path, Path]:
+    """(training passages, held-out passages, the model at `start`, an empty data folder,
+    an empty run folder) for the block named `block` ("phase4_mix", ...) under --work."""
     torch.set_num_threads(args.threads)
     train_p, held_p = split_passages(read_passages())
-    base = load_model_dir(start)
-    folder, run = work / f"phase4_{name}_data", work / f"phase4_{name}"
+    folder, run = Path(args.work) / f"{block}_data", Path(args.work) / block
     for d in (folder, run):
         if d.exists():
             shutil.rmtree(d)
+    return train_p, held_p, load_model_dir(start), folder, run
+
+
+def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int, plan: int | None = None) -> dict[str, Any]:
+    """Train block `name` from the model directory `start` into <work>/phase4_<name>: data and
+    WSD schedule made for `plan` steps (default `steps`), stopped after `steps`."""
+    train_p, held_p, base, folder, run = start_block(args, start, f"phase4_{name}")
     plan = plan or steps
     info = write_block(folder, name, seed=seed, steps=plan, lm=base, train=train_p)
     words = lookup.key_words(base.tokenizer)

@@ -45,12 +45,12 @@ import torch
 from agent.probes import text as probe_text
 from agent.recipes import data as rdata
 from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
-from agent.recipes.corpus import Passage, read_passages, split_passages
+from agent.recipes.corpus import Passage
 from agent.recipes.dialogues import DialogueSpec, Fact
 from agent.recipes.phase2 import phase2_world
 from agent.recipes.phase3 import SPEC as PHASE3_SPEC
 from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase4 import _prose
+from agent.recipes.phase4 import _prose, start_block
 from agent.recipes.recall_eval import EVAL_SEED, evaluate
 from agent.recipes.vocab import HELDOUT, World, composed
 from agent.recipes.weighted import FocusTrainer
@@ -184,14 +184,7 @@ def _check(lm: Any, held: list[Passage], step: int, greedy: bool) -> dict[str, A
 
 def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int) -> dict[str, Any]:
     """Train block `name` from the model directory `start` into <work>/phase5_<name>."""
-    work = Path(args.work)
-    torch.set_num_threads(args.threads)
-    train_p, held_p = split_passages(read_passages())
-    base = load_model_dir(start)
-    folder, run = work / f"phase5_{name}_data", work / f"phase5_{name}"
-    for d in (folder, run):
-        if d.exists():
-            shutil.rmtree(d)
+    train_p, held_p, base, folder, run = start_block(args, start, f"phase5_{name}")
     info = write_block(folder, name, seed=seed, steps=steps, lm=base, train=train_p)
     rows, focus, only = BLOCKS[name]
     log(f"phase 5 {name} from {start}: {steps} steps; {info}; forced {forced_check(base)}")

@@ -18,6 +18,15 @@ def _eval(work: Path) -> None:
         "end_of_turn": {"ended_within_200": 1.0}, "ppl": 120.5}))
 
 
+def _fold(tmp_path: Path, card: dict) -> dict:
+    """update_card on a model directory holding `card` and a work folder holding _eval's eval.json."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    _eval(tmp_path / "work")
+    return update_card(model, tmp_path / "work", None)
+
+
 def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path) -> None:
     given = {"curriculum": "256x250 -> 256dx150", "go_no_go": "step 250: 0.00", "ppl_vs_softmax": "GLA 118 vs softmax 128",
              "tokens_per_s": 2129}
@@ -30,13 +39,9 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
                            "tokens_per_s": 4402})
             step += n
         stages[-1]["validation"] = {"step": step, "score": 0.5 + cycle / 10}
-    model = tmp_path / "model"
-    model.mkdir()
     stages.append({"phase": 2, "block": "polish", "data": {"length": 256}, "steps": [0, 50], "lr": 3e-4, "tokens_per_s": 4402})
     card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase2": {"steps": step}, "tokens_per_s": 4402}
-    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
-    _eval(tmp_path / "work")
-    out = update_card(model, tmp_path / "work", None)
+    out = _fold(tmp_path, card)
     assert out["curriculum"] == given["curriculum"] and out["go_no_go"] == given["go_no_go"]
     assert out["ppl_vs_softmax"] == given["ppl_vs_softmax"]
     assert out["heldout_two_codes"] == "right/swapped 0:0.50/0.38 256:0.50/0.50"
@@ -44,7 +49,7 @@ def test_phase2_card_keeps_phase1_lines_and_summarizes_the_cycles(tmp_path: Path
     assert out["phase2_validation"] == "200:0.50 400:0.60"
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4402"
     assert out["heldout_recall_5digit"] == "0:1.00 256:0.88 512:0.75"
-    assert "stages" not in out and json.loads((model / "training_log.json").read_text())["stages"] == stages
+    assert "stages" not in out and json.loads((tmp_path / "model" / "training_log.json").read_text())["stages"] == stages
     assert "curriculum_phase3" not in out and "pydoc" not in out["data"]
 
 
@@ -55,12 +60,8 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
                            "validation": {"step": 80, "score": 0.5}},
                           {"phase": 3, "block": "ghosts+prose", "data": {"length": 512, "text_chars": 3038704}, "steps": [0, 1800], "lr": 4e-4,
                            "text_share": 0.3, "tokens_per_s": 3900}]
-    model = tmp_path / "model"
-    model.mkdir()
     card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase3": {"steps": 1800}, "tokens_per_s": 3950}
-    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
-    _eval(tmp_path / "work")
-    out = update_card(model, tmp_path / "work", None)
+    out = _fold(tmp_path, card)
     assert out["curriculum_phase3"] == ("1800 steps of rows of 512 with never-stated questions asked like stated ones, plus 3.04 M characters of prose, "
                                         "lr 0.0004 (WSD)")
     assert out["tokens_per_s"] == "phase 1: 2129, phase 2: 4000, phase 3: 3900"
@@ -79,13 +80,9 @@ def test_phase4_adds_its_blocks_their_last_checks_and_the_lookup_task(tmp_path: 
                            "checks": [{**check, "step": 500, "lookup_first_digit": 0.4, "two_codes_right": 0.45}]},
                           {"phase": 4, "block": "bridge", "steps": [0, 1000], "planned_steps": 1000, "lr": 1e-3, "tokens_per_s": 4100,
                            "checks": [{**check, "step": 1000, "lookup_first_digit": 0.61, "two_codes_right": 0.75}]}]
-    model = tmp_path / "model"
-    model.mkdir()
     card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase3": {"steps": 10},
             "phase4": {"steps": 2400, "lookup": 900, "mix": 500, "bridge": 1000}, "tokens_per_s": 4000}
-    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
-    _eval(tmp_path / "work")
-    out = update_card(model, tmp_path / "work", None)
+    out = _fold(tmp_path, card)
     assert out["curriculum_phase4"] == (
         "900 steps of key drills and the lookup task, rows of 256, lr 0.001 (WSD): lookup first digit 0.29, two codes right 0.40; "
         "500 of 1500 steps of phase-3 rows, key drills and the lookup task, rows of 512, lr 0.001 (WSD): lookup first digit 0.40, "
@@ -105,13 +102,9 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
                            "checks": [{**forced, "refusal_auc": 0.8}]},
                           {"phase": 5, "block": "mix", "steps": [0, 700], "rows": 512, "lr": 1e-3, "tokens_per_s": 4100,
                            "checks": [{**forced, "step": 700, "bind_right": 0.8, "refusal_auc": 0.85, "not_told": 0.9, "refused_stated": 0.0}]}]
-    model = tmp_path / "model"
-    model.mkdir()
     card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."},
             "phase5": {"steps": 1600, "bind": 450, "decide": 450, "mix": 700}, "tokens_per_s": 4000}
-    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
-    _eval(tmp_path / "work")
-    out = update_card(model, tmp_path / "work", None)
+    out = _fold(tmp_path, card)
     assert out["curriculum_phase5"] == (
         "450 steps of key drills, loss on the values' first digits only, rows of 256, lr 0.001 (WSD): binding 0.70/0.25, "
         "refusal AUC 0.50; "
