@@ -94,7 +94,7 @@ class FocusTrainer(WeightedTrainer):
                     out[r, i] = True
                 if i >= 2 and row[i - 1] == the and row[i - 2] == for_:
                     copying = True
-                    out[r, i] = "key" in want
+                    out[r, i] |= "key" in want
         return out
 
     def _weights(self, labels: torch.Tensor) -> torch.Tensor:
