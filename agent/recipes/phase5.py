@@ -61,6 +61,7 @@ from agent.recipes.phase3 import SPEC as PHASE3_SPEC
 from agent.recipes.phase3 import phase3_world
 from agent.recipes.phase4 import _prose, start_block
 from agent.recipes.recall_eval import EVAL_SEED, evaluate
+from agent.recipes.recall_eval import _code as held_out_code
 from agent.recipes.vocab import HELDOUT, World, composed
 from agent.recipes.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
@@ -160,8 +161,7 @@ def forced_check(lm: Any, trials: int = 40) -> dict[str, float]:
         rng = random.Random(EVAL_SEED + 17 * t)
         facts: list[Fact] = []
         while len(facts) < 3:
-            f = Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}", "num5",
-                     str(rng.randint(10000, 99999)))
+            f = held_out_code(rng)
             if all(f.thing != g.thing and f.value[0] != g.value[0] for g in facts):
                 facts.append(f)
         ids = list(sys_ids)
