@@ -26,11 +26,15 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    made is equivalent to `--from-model agent/models/default --phase2-steps 0
    --phase3-steps 0 --phase4-steps 1000` (same data, byte for byte, and schedules); its
    model is not shipped: see docs/default-model.md.
-9. Phase 5 (phase5.py), off unless `--phase5-steps` is given, not shipped: answer by key,
-   copy the key, refuse at the key. Key drills with the loss on the values' first digits
-   only (`--phase5-bind-steps`), key drills whose keys are made-up words with the loss on
-   the decision tokens only (`--phase5-decide-steps`), then those mixed with phase-3 rows
-   and prose (`--phase5-steps`; the run made: 450 / 450 / 700).
+9. Phase 5 (phase5.py), the shipped model's last phase (off if its last three blocks all
+   have 0 steps): answer by key, copy the key, refuse at the key. Key drills with the loss on the values'
+   first digits only (`--phase5-bind-steps`), key drills with the loss on the decision
+   tokens only (`--phase5-decide-steps`; keys of made-up words or, with
+   `--phase5-decide-keys real`, phase 3's words), then those mixed with phase-3 rows and
+   prose (`--phase5-steps`), then the same at rows of 1,024 with the user's own details in
+   the drills and more updates (`--phase5-long-steps`); defaults 450 / 1,200 (real) / 700
+   / 1,000, the run shipped. A last block with more never-stated and updated facts asked
+   at a distance (`--phase5-far-steps`) is off: it traded recall for refusals.
 10. Evaluation (held-out recall, "not told", updates, two codes held, end of turn, held-out
    perplexity) and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
@@ -318,13 +322,23 @@ def main() -> None:
                          "phase 4, which is experimental and not part of the shipped model (the run made: 1000)")
     ap.add_argument("--phase5-bind-steps", type=int, default=450,
                     help="phase 5's first block (key drills, loss on the values' first digits only) steps; 0: none")
-    ap.add_argument("--phase5-decide-steps", type=int, default=450,
-                    help="phase 5's second block (made-up key words, loss on the decision tokens only) steps; 0: none")
-    ap.add_argument("--phase5-steps", type=int, default=0,
-                    help="phase 5's last block (phase-3 rows + key drills + prose) steps; 0 (default): no phase 5")
+    ap.add_argument("--phase5-decide-steps", type=int, default=1200,
+                    help="phase 5's second block (key drills, loss on the decision tokens only) steps; 0: none")
+    ap.add_argument("--phase5-decide-keys", choices=("fragment", "real"), default="real",
+                    help="the decide block's key words: made-up words of the tokenizer's pieces, or phase 3's words")
+    ap.add_argument("--phase5-steps", type=int, default=700,
+                    help="phase 5's mix block (phase-3 rows + key drills + prose) steps; 0: none")
+    ap.add_argument("--phase5-long-steps", type=int, default=1000,
+                    help="phase 5's long block (as the mix, rows of 1,024, details drilled beside codes, more updates) "
+                         "steps; 0: none")
+    ap.add_argument("--phase5-far-steps", type=int, default=0,
+                    help="phase 5's last block (as the long one, more never-stated and updated facts asked at a distance, "
+                         "details of made-up words) steps; 0 (default): none, it traded recall for refusals. Phase 5 runs "
+                         "unless this, --phase5-long-steps and --phase5-steps are all 0")
     args = ap.parse_args()
     for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps", "phase4_lookup_steps", "phase4_mix_steps",
-                 "phase4_steps", "phase5_bind_steps", "phase5_decide_steps", "phase5_steps"):
+                 "phase4_steps", "phase5_bind_steps", "phase5_decide_steps", "phase5_steps", "phase5_long_steps",
+                 "phase5_far_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -380,7 +394,7 @@ def main() -> None:
         trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
                    "tokens": trained["tokens"] + n * BATCH_TOKENS,
                    "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
-    if args.phase5_steps:
+    if args.phase5_steps or args.phase5_long_steps or args.phase5_far_steps:
         from agent.recipes.phase5 import copy_keys
 
         entries, model_dir = copy_keys(args, model_dir)

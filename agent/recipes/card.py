@@ -103,8 +103,12 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             for name, h in parts.items())
     if phase5:
         what = {"bind": "key drills, loss on the values' first digits only",
-                "decide": "key drills with made-up key words, loss on the decision tokens only",
-                "mix": "phase-3 rows, key drills and prose"}
+                "decide": "key drills with {keys} key words, loss on the decision tokens only",
+                "mix": "phase-3 rows, key drills and prose",
+                "long": "phase-3 rows with twice the updates, key drills of codes and the user's own details, and prose",
+                "far": "phase-3 rows with ghosts beside 60% of facts and three times the updates, key drills of codes and "
+                       "details of made-up words, and prose"}
+        keys = {"fragment": "made-up", "real": "phase 3's"}
 
         def last(h: dict[str, Any]) -> str:
             c = h["checks"][-1]
@@ -113,8 +117,9 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
                 line += f", at 0 tokens not told {c['not_told']:.2f} and stated refused {c['refused_stated']:.2f}"
             return line
 
-        card["curriculum_phase5"] = "; ".join(f"{h['steps'][1]} steps of {what[h['block']]}, rows of {h['rows']}, lr {h['lr']:g} (WSD): "
-                                              + last(h) for h in phase5)
+        card["curriculum_phase5"] = "; ".join(
+            f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')])}, rows of {h['rows']}, "
+            f"lr {h['lr']:g} (WSD): " + last(h) for h in phase5)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

@@ -220,6 +220,9 @@ class DialogueSpec:
     drill_ghosts: tuple[int, int] = (0, 2)
     far_ghosts: float = 0.0
     drill_updates: float = 0.0
+    # Key drill only: the share of a block's facts (and of its unrelated never-stated
+    # questions) that are the user's own details ("my desk number") instead of codes.
+    drill_slots: float = 0.0
 
 
 @dataclass
@@ -438,10 +441,11 @@ class Builder:
 
         Phase 5's drills set `spec.drill_ghosts` (1-3 never-stated questions a block),
         `spec.far_ghosts` (those keys unrelated to any stated one instead of one word off),
-        `spec.drill_updates` (a block restates one code with a new value before the
-        questions, which then get the new value) and `spec.key_local` (refusals restate
-        the key). The defaults draw from `rng` exactly as before, so phase 4's data is
-        unchanged."""
+        `spec.drill_updates` (a block restates one fact with a new value before the
+        questions, which then get the new value), `spec.drill_slots` (a share of the facts
+        and never-stated questions are the user's own details) and `spec.key_local`
+        (refusals restate the key). The defaults draw from `rng` exactly as before, so
+        phase 4's data is unchanged."""
         w = self.world
         sys_msg, _ = self.system(rng)
         msgs = [sys_msg]
@@ -459,10 +463,15 @@ class Builder:
             taken: set[tuple[str, str]] = set()
             facts: list[Fact] = []
             while len(facts) < k:
-                f = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "num5",
-                         make_value(rng, "num5", w) if rng.random() < 0.8 else code_value(rng, w))
-                if facts and rng.random() < KEY_DRILL_SIBLINGS:
-                    f.attr, f.thing = one_word_off(rng.choice(facts))
+                if spec.drill_slots and rng.random() < spec.drill_slots:
+                    slot, vk = rng.choice(w.slots)
+                    f = Fact("slot", slot, "", vk, make_value(rng, vk, w))
+                else:
+                    f = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "num5",
+                             make_value(rng, "num5", w) if rng.random() < 0.8 else code_value(rng, w))
+                codes = [g for g in facts if g.kind == "code"]
+                if f.kind == "code" and codes and rng.random() < KEY_DRILL_SIBLINGS:
+                    f.attr, f.thing = one_word_off(rng.choice(codes))
                 if f.key in taken:
                     continue
                 taken.add(f.key)
@@ -478,15 +487,17 @@ class Builder:
                 f = rng.choice(facts)
                 old = f.value
                 while f.value == old:
-                    f.value = make_value(rng, "num5", w)
+                    f.value = make_value(rng, f.value_kind, w)
                 block += [{"role": "user", "content": f.statement(rng, w, update=True)},
                           {"role": "assistant", "content": rng.choice(w.update_acks)}]
             questions = [(f, False) for f in facts]
             for _ in range(rng.randint(*spec.drill_ghosts)):
-                if spec.far_ghosts and rng.random() < spec.far_ghosts:
+                if spec.drill_slots and rng.random() < spec.drill_slots:
+                    g = Fact("slot", rng.choice(w.slots)[0], "", "slot")
+                elif not any(f.kind == "code" for f in facts) or spec.far_ghosts and rng.random() < spec.far_ghosts:
                     g = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "code")
                 else:
-                    g = Fact("code", *one_word_off(rng.choice(facts)), "code")
+                    g = Fact("code", *one_word_off(rng.choice([f for f in facts if f.kind == "code"])), "code")
                 if g.key not in taken:
                     questions.append((g, True))
             rng.shuffle(questions)

@@ -20,22 +20,28 @@ key from a stated one. Measured on the way here (docs/default-model.md):
 - Statements and questions said in many more ways (`vocab.composed`): a model that copied
   held-out keys still refused 10 of 30 stated codes said as "I set ... to {value}".
 
-Three blocks from the model directory `start`, each its own data and WSD schedule (lr 1e-3):
+Blocks from the model directory `start`, each its own data and WSD schedule (lr 1e-3):
 
 - "bind" (rows of 256): phase 2's key drills, the loss on the values' first digits only
   (`FocusTrainer`, focus "digit", focus_only), the measured first-digit-only run's setting;
-- "decide" (rows of 512): key drills with fragment-word keys, one to three unrelated
-  never-stated keys per block, an update in 30% of the blocks, key-local refusals, the
-  loss on the copied key, the token after "is" and the first digit only;
+- "decide" (rows of 512): key drills (phase 3's words, or fragment words), one to three
+  unrelated never-stated keys per block, an update in 30% of the blocks, key-local
+  refusals, the loss on the copied key, the token after "is" and the first digit only;
 - "mix" (rows of 512): 40% phase-3 rows (composed phrasings, key-local refusals, ghosts
-  beside 30% of facts), 40% the decide block's drills, 20% wide prose; answers x4 and
-  those decision tokens x8.
+  beside 30% of facts), 40% key drills of fragment words, 20% wide prose; answers x4 and
+  those decision tokens x8;
+- "long" (rows of 1,024): as "mix", with twice phase 3's updates in its rows and the
+  user's own details beside codes in the drills, half of whose blocks hold an update;
+- "far" (rows of 1,024, off): more phase-3 rows, ghosts beside 60% of facts, three times
+  the updates, details of made-up words.
 
-Measured (450 + 450 + 700 steps on the shipped model, 26 min): binding came (two codes
-right .68 at 256, the shipped model .40), 5-digit recall .96 / .94 at 256 / 512, held-out
-perplexity 103; the refusal choice did not (forced AUC .57, "not told" .49 at 256), and
-recall at 1,024-2,048 fell. So the phase is off by default and its model is not shipped
-(docs/default-model.md, "Phase 5 in the recipe").
+Measured (96 held-out trials each, docs/default-model.md, "Phase 5 in the recipe"): 450 /
+1,200 (phase 3's words) / 700 / 1,000 steps on the phase-3 model is the shipped model; at
+256 tokens 5-digit recall .96 (phase 3: .85), "not told" .64 (.53), stale .23 (.25), two
+codes right .70 (.40). The first run, 450 / 450 (fragment words) / 700 steps and no long
+block, bound keys as well but refused less ("not told" .49) and lost recall past 512;
+"far" after "long" raised "not told" to .70 but refused .20 of stated facts and lost
+recall at 1,024 (.79 -> .60).
 """
 
 from __future__ import annotations
@@ -78,12 +84,30 @@ DRILL = DialogueSpec(length=512, gap_min=0, gap_max=0, key_drill=True, key_local
                      drill_updates=0.3)
 ROWS3 = dataclasses.replace(PHASE3_SPEC, key_local=True, ghost_prob=0.3, near_gap=0.0)
 MIX = (0.4, 0.4, 0.2)  # phase-3 rows, key drills, prose
+# The "long" block: rows twice as long (recall past 512 fell in the 512-row blocks), twice
+# phase 3's updates, and drills whose facts are also the user's own details (a model
+# drilled on codes alone refused 22 of 26 never-stated codes but 5 of 14 never-stated
+# details, held out, 40 trials).
+LONG_ROWS3 = dataclasses.replace(ROWS3, length=1024, gap_max=900, update_prob=0.16)
+LONG_DRILL = dataclasses.replace(DRILL, length=1024, drill_slots=0.4, drill_updates=0.5)
+# The "far" block, after "long": never-stated and updated facts asked at a distance. After
+# "long", a never-stated code asked 256 tokens after another code got that code 12 times
+# in 20 (held out); the drills ask right after the statements, and phase-3 rows (the only
+# questions at a distance) had a ghost beside 30% of facts. Here: rows of 1,024, more of
+# them phase-3 rows, a ghost beside 60% of facts, updates three times phase 3's rate, and
+# details of made-up words too.
+FAR_ROWS3 = dataclasses.replace(LONG_ROWS3, ghost_prob=0.6, update_prob=0.24)
+FAR_DRILL = dataclasses.replace(LONG_DRILL, drill_slots=0.5)
+FAR_MIX = (0.5, 0.35, 0.15)
 # block: (rows, focus tokens, loss on them only)
 BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
     "bind": (256, ("digit",), True),
     "decide": (512, ("digit", "decision", "key"), True),
     "mix": (512, ("digit", "decision", "key"), False),
+    "long": (1024, ("digit", "decision", "key"), False),
+    "far": (1024, ("digit", "decision", "key"), False),
 }
+KEYS = ("fragment", "real")  # the decide block's key words: made-up word pieces, or phase 3's words
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
 
 
@@ -107,17 +131,31 @@ def fragment_words(tok: Tokenizer, rng: random.Random, n: int) -> tuple[str, ...
     return tuple(out)
 
 
-def drill_world(train: list[Passage], tok: Tokenizer, rng: random.Random) -> World:
+def drill_world(train: list[Passage], tok: Tokenizer, rng: random.Random, slots: bool = False) -> World:
     """Phase 3's world, composed phrasings, keys of fragment words; the training attributes
-    ("pin", "code", ...) three times as often as fragment ones."""
+    ("pin", "code", ...) three times as often as fragment ones. With `slots`, as many
+    details again of fragment words ("my porchset number", "my orlin's name", "my favorite
+    stog"), since a held-out detail's words are new too ("Your favorite fixed's name is ..."
+    for "my favorite fruit")."""
     w = composed(phase3_world(train))
     attrs = phase2_world(train).code_attrs
-    return dataclasses.replace(w, thing_adj=fragment_words(tok, rng, FRAGMENT_WORDS), thing_noun=fragment_words(tok, rng, FRAGMENT_WORDS),
-                               code_attrs=attrs * 3 + fragment_words(tok, rng, len(attrs)))
+    w = dataclasses.replace(w, thing_adj=fragment_words(tok, rng, FRAGMENT_WORDS), thing_noun=fragment_words(tok, rng, FRAGMENT_WORDS),
+                            code_attrs=attrs * 3 + fragment_words(tok, rng, len(attrs)))
+    if not slots:
+        return w
+    shapes = (("{} number", "num3"), ("{} number", "num5"), ("{}'s name", "person"), ("favorite {}", "fruit"), ("favorite {}", "place"),
+              ("{} day", "date"), ("{} code", "num4"))
+    made = ((shapes[i % len(shapes)][0].format(word), shapes[i % len(shapes)][1])
+            for i, word in enumerate(fragment_words(tok, rng, len(w.slots))))
+    held_out = {slot for slot, _ in HELDOUT.slots}
+    return dataclasses.replace(w, slots=w.slots + tuple(m for m in made if m[0] not in held_out))
 
 
-def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, train: list[Passage]) -> dict[str, Any]:
-    """The data of block `name` ("bind", "decide" or "mix") for `steps` steps, into `folder`."""
+def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, train: list[Passage], keys: str = "fragment") -> dict[str, Any]:
+    """The data of block `name` (a key of BLOCKS) for `steps` steps, into `folder`; the
+    drills' things are `keys` words (KEYS)."""
+    if keys not in KEYS:
+        raise ValueError(f"unknown key words {keys!r}; expected one of {', '.join(KEYS)}")
     tok, template = lm.tokenizer, lm.template
     total = steps * BATCH_TOKENS
     rng = random.Random(seed)
@@ -127,13 +165,15 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
         info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", b, rng, BIND, math.ceil(total / BIND.length * 1.05),
                                                          tok, template)
         return info
-    shares = (0.0, 1.0, 0.0) if name == "decide" else MIX
+    shares = {"decide": (0.0, 1.0, 0.0), "far": FAR_MIX}.get(name, MIX)
+    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL)}.get(name, (ROWS3, DRILL))
     if shares[0]:
         b3 = rdata.make_builder(composed(phase3_world(train)), train, tok, template)
-        info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, ROWS3, math.ceil(total * shares[0] / ROWS3.length * 1.05),
+        info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, rows3, math.ceil(total * shares[0] / rows3.length * 1.05),
                                                       tok, template)
-    bk = rdata.make_builder(drill_world(train, tok, rng), train, tok, template)
-    info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, DRILL, math.ceil(total * shares[1] / DRILL.length * 1.05),
+    world = drill_world(train, tok, rng, slots=name == "far") if keys == "fragment" else composed(phase3_world(train))
+    bk = rdata.make_builder(world, train, tok, template)
+    info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, drill, math.ceil(total * shares[1] / drill.length * 1.05),
                                                      tok, template)
     if shares[2]:
         prose = _prose(rng, train, total * shares[2] * 4)
@@ -191,10 +231,10 @@ def _check(lm: Any, held: list[Passage], step: int, greedy: bool) -> dict[str, A
     return out
 
 
-def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int) -> dict[str, Any]:
+def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, seed: int, keys: str = "fragment") -> dict[str, Any]:
     """Train block `name` from the model directory `start` into <work>/phase5_<name>."""
     train_p, held_p, base, folder, run = start_block(args, start, f"phase5_{name}")
-    info = write_block(folder, name, seed=seed, steps=steps, lm=base, train=train_p)
+    info = {**write_block(folder, name, seed=seed, steps=steps, lm=base, train=train_p, keys=keys), "keys": keys}
     rows, focus, only = BLOCKS[name]
     log(f"phase 5 {name} from {start}: {steps} steps; {info}; forced {forced_check(base)}")
     checks, summaries = [], []
@@ -214,14 +254,17 @@ def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, se
 
 
 def copy_keys(args: argparse.Namespace, start: Path) -> tuple[list[dict[str, Any]], Path]:
-    """Phase 5 from the model directory `start`: the bind, decide and mix blocks for
-    `args.phase5_bind_steps`, `args.phase5_decide_steps` and `args.phase5_steps` (a block
-    with 0 steps is skipped). Returns the blocks' history entries and the directory of the
-    last block's model."""
+    """Phase 5 from the model directory `start`: the bind, decide, mix, long and far blocks
+    for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
+    `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps` and
+    `args.phase5_far_steps` (a block with 0 steps is skipped). Returns the blocks' history
+    entries and the directory of the last block's model."""
     entries = []
     for name, steps, seed in (("bind", args.phase5_bind_steps, 7373), ("decide", args.phase5_decide_steps, 7979),
-                              ("mix", args.phase5_steps, 8484)):
+                              ("mix", args.phase5_steps, 8484), ("long", args.phase5_long_steps, 9191),
+                              ("far", args.phase5_far_steps, 9797)):
         if steps:
-            entries.append(train_block(args, start, name, steps, seed=args.seed + seed))
+            keys = args.phase5_decide_keys if name == "decide" else "fragment"
+            entries.append(train_block(args, start, name, steps, seed=args.seed + seed, keys=keys))
             start = Path(args.work) / f"phase5_{name}"
     return entries, start

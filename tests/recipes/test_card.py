@@ -101,9 +101,13 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
                           {"phase": 5, "block": "decide", "steps": [0, 450], "rows": 512, "lr": 1e-3, "tokens_per_s": 4300,
                            "checks": [{**forced, "refusal_auc": 0.8}]},
                           {"phase": 5, "block": "mix", "steps": [0, 700], "rows": 512, "lr": 1e-3, "tokens_per_s": 4100,
-                           "checks": [{**forced, "step": 700, "bind_right": 0.8, "refusal_auc": 0.85, "not_told": 0.9, "refused_stated": 0.0}]}]
+                           "checks": [{**forced, "step": 700, "bind_right": 0.8, "refusal_auc": 0.85, "not_told": 0.9, "refused_stated": 0.0}]},
+                          {"phase": 5, "block": "decide", "steps": [0, 300], "rows": 512, "lr": 1e-3, "tokens_per_s": 4300,
+                           "data": {"keys": "real"}, "checks": [forced]},
+                          {"phase": 5, "block": "long", "steps": [0, 1000], "rows": 1024, "lr": 1e-3, "tokens_per_s": 4100,
+                           "checks": [{**forced, "step": 1000, "not_told": 0.75, "refused_stated": 0.1}]}]
     card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."},
-            "phase5": {"steps": 1600, "bind": 450, "decide": 450, "mix": 700}, "tokens_per_s": 4000}
+            "phase5": {"steps": 2900, "bind": 450, "decide": 450, "mix": 700, "long": 1000}, "tokens_per_s": 4000}
     out = _fold(tmp_path, card)
     assert out["curriculum_phase5"] == (
         "450 steps of key drills, loss on the values' first digits only, rows of 256, lr 0.001 (WSD): binding 0.70/0.25, "
@@ -111,7 +115,11 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
         "450 steps of key drills with made-up key words, loss on the decision tokens only, rows of 512, lr 0.001 (WSD): "
         "binding 0.70/0.25, refusal AUC 0.80; "
         "700 steps of phase-3 rows, key drills and prose, rows of 512, lr 0.001 (WSD): binding 0.80/0.25, refusal AUC 0.85, "
-        "at 0 tokens not told 0.90 and stated refused 0.00")
-    assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4233"
+        "at 0 tokens not told 0.90 and stated refused 0.00; "
+        "300 steps of key drills with phase 3's key words, loss on the decision tokens only, rows of 512, lr 0.001 (WSD): "
+        "binding 0.70/0.25, refusal AUC 0.50; "
+        "1000 steps of phase-3 rows with twice the updates, key drills of codes and the user's own details, and prose, rows of 1024, "
+        "lr 0.001 (WSD): binding 0.70/0.25, refusal AUC 0.50, at 0 tokens not told 0.75 and stated refused 0.10")
+    assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4220"
     assert out["data"].endswith("key drills with made-up key words in phase 5")
     assert out["heldout_refused_stated"] == "0:0.00 256:0.12 512:0.25"

@@ -18,7 +18,8 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "2",
-           "--phase2-polish-steps", "2", "--phase3-steps", "2", "--phase4-lookup-steps", "1", "--phase4-mix-steps", "1", "--phase4-steps", "2", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+           "--phase2-polish-steps", "2", "--phase3-steps", "2", "--phase4-lookup-steps", "1", "--phase4-mix-steps", "1", "--phase4-steps", "2", "--phase5-steps", "0",
+           "--phase5-long-steps", "0", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     lm = load_model_dir(out)
     card = lm.card
@@ -44,7 +45,8 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
                    check=True, capture_output=True, timeout=300)
     again = tmp_path / "again"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(out), "--phase2-steps", "0",
-           "--phase3-steps", "3", "--phase4-steps", "0", "--eval-trials", "1", "--work", str(tmp_path / "work2"), "--out", str(again)]
+           "--phase3-steps", "3", "--phase4-steps", "0", "--phase5-steps", "0", "--phase5-long-steps", "0", "--eval-trials", "1",
+           "--work", str(tmp_path / "work2"), "--out", str(again)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     card2 = load_model_dir(again).card
     assert card2["training_tokens"] == (2 + 2 + 2 + 4 + 3) * 4096 and card2["phase2"] == card["phase2"]
@@ -57,15 +59,17 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "0",
-           "--phase3-steps", "0", "--phase5-bind-steps", "1", "--phase5-decide-steps", "1", "--phase5-steps", "2", "--eval-trials", "1",
+           "--phase3-steps", "0", "--phase5-bind-steps", "1", "--phase5-decide-steps", "1", "--phase5-decide-keys", "real", "--phase5-steps", "2",
+           "--phase5-long-steps", "1", "--phase5-far-steps", "1", "--eval-trials", "1",
            "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     card = load_model_dir(out).card
-    assert card["phase5"] == {"steps": 4, "bind": 1, "decide": 1, "mix": 2}
-    assert card["training_tokens"] == 4 * 4096
+    assert card["phase5"] == {"steps": 6, "bind": 1, "decide": 1, "mix": 2, "long": 1, "far": 1}
+    assert card["training_tokens"] == 6 * 4096
     blocks = [h for h in card["stages"] if h.get("phase") == 5]
-    assert [(h["block"], h["steps"], h["rows"], h["focus_only"]) for h in blocks] == [
-        ("bind", [0, 1], 256, True), ("decide", [0, 1], 512, True), ("mix", [0, 2], 512, False)]
+    assert [(h["block"], h["steps"], h["rows"], h["focus_only"], h["data"]["keys"]) for h in blocks] == [
+        ("bind", [0, 1], 256, True, "fragment"), ("decide", [0, 1], 512, True, "real"), ("mix", [0, 2], 512, False, "fragment"),
+        ("long", [0, 1], 1024, False, "fragment"), ("far", [0, 1], 1024, False, "fragment")]
     assert "not_told" not in blocks[0]["checks"][-1] and 0 <= blocks[0]["checks"][-1]["refusal_auc"] <= 1
     assert blocks[2]["checks"][-1]["step"] == 2 and 0 <= blocks[2]["checks"][-1]["not_told"] <= 1
     assert blocks[0]["data"]["key_drill_tokens"] > 0 and blocks[2]["data"]["phase3_tokens"] > 0
@@ -83,6 +87,9 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     (["--phase5-steps", "-1"], "--phase5-steps must be >= 0"),
     (["--phase5-bind-steps", "-2"], "--phase5-bind-steps must be >= 0"),
     (["--phase5-decide-steps", "-3"], "--phase5-decide-steps must be >= 0"),
+    (["--phase5-long-steps", "-1"], "--phase5-long-steps must be >= 0"),
+    (["--phase5-far-steps", "-2"], "--phase5-far-steps must be >= 0"),
+    (["--phase5-decide-keys", "greek"], "argument --phase5-decide-keys: invalid choice: 'greek'"),
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])
 def test_bad_recipe_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,8 @@ from agent.probes import text as probe_text
 from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage
 from agent.recipes.dialogues import Fact
-from agent.recipes.phase5 import BLOCKS, DRILL, drill_world, forced_check, fragment_words, write_block
+from agent.recipes.phase3 import phase3_world
+from agent.recipes.phase5 import BLOCKS, DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
 from agent.recipes.vocab import COMPOSED, HELDOUT, TRAIN, composed
 from agent.recipes.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
@@ -29,6 +30,7 @@ PASSAGES = [
     Passage("beta", "Thing", "A thing that holds values. Values are kept in the order they were given."),
 ]
 ANSWER = re.compile(r"The (.+?) for the (.+?) is (.+)\.$")
+SLOT_ANSWER = re.compile(r"Your (.+?) is (.+)\.$")
 
 
 def test_key_local_refusal_restates_the_key_before_refusing() -> None:
@@ -67,6 +69,45 @@ def test_drills_answer_the_latest_value_and_refuse_never_stated_keys_at_the_key(
     assert answers > 20 and refusals > 10 and updated > 0
 
 
+def test_slot_drills_answer_the_users_own_details_by_key_and_refuse_the_unsaid_ones() -> None:
+    lm = load_model_dir(DEFAULT)
+    b = rdata.make_builder(drill_world(PASSAGES, lm.tokenizer, random.Random(0)), PASSAGES, lm.tokenizer, lm.template)
+    answers = refusals = updated = codes = 0
+    for seed in range(4):
+        msgs = b.key_drill(random.Random(seed), LONG_DRILL)
+        said: list[str] = []  # statements: user messages acknowledged rather than answered
+        for q, m in zip(msgs[1:], msgs[2:]):
+            if q["role"] != "user":
+                continue
+            codes += bool(ANSWER.match(m["content"]))
+            hit = SLOT_ANSWER.match(m["content"])
+            if not hit:
+                said += [] if ANSWER.match(m["content"]) else [q["content"]]
+                continue
+            slot, value = hit.groups()
+            told = [u for u in said if re.search(rf"\bmy (old |new )?{re.escape(slot)}\b", u, re.IGNORECASE)]
+            if value == "something you haven't told me":
+                refusals += 1
+                assert not told, m["content"]  # that detail was never given in the row before
+            else:
+                answers += 1
+                assert told and value in told[-1], m["content"]  # the latest value given for it
+                updated += len(told) > 1
+    assert answers > 15 and refusals > 5 and updated > 0 and codes > 15  # codes are still drilled beside them
+
+
+def test_far_drills_add_details_of_made_up_words() -> None:
+    tok = load_model_dir(DEFAULT).tokenizer
+    plain, more = drill_world(PASSAGES, tok, random.Random(3)), drill_world(PASSAGES, tok, random.Random(3), slots=True)
+    assert more.slots[:len(plain.slots)] == plain.slots and len(more.slots) == 2 * len(plain.slots)
+    assert more.thing_adj == plain.thing_adj  # the same draws first: only details are added
+    made = more.slots[len(plain.slots):]
+    assert {k for _, k in made} == {"num3", "num5", "person", "fruit", "place", "date", "num4"}
+    assert all(re.fullmatch(r"[a-z]{2,14}( number|'s name| day| code)|favorite [a-z]{2,14}", s) for s, _ in made)
+    assert not {s for s, _ in HELDOUT.slots} & {s for s, _ in made}
+    assert made == drill_world(PASSAGES, tok, random.Random(3), slots=True).slots[len(plain.slots):]  # seeded
+
+
 def test_fragment_words_are_new_words_made_of_the_tokenizers_pieces() -> None:
     tok = load_model_dir(DEFAULT).tokenizer
     words = fragment_words(tok, random.Random(5), 500)
@@ -91,7 +132,8 @@ def test_composed_phrasings_add_to_the_world_and_none_is_held_out() -> None:
     assert any(" to {value}" in t for t in COMPOSED["code_statements"])  # the shape a held-out statement has
 
 
-@pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4))])
+@pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4)), ("long", (0.4, 0.4)),
+                                                ("far", (0.5, 0.35))])
 def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tuple[float, float], tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
     info = write_block(tmp_path, name, seed=1, steps=4, lm=lm, train=PASSAGES)
@@ -104,6 +146,25 @@ def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tu
         assert refusals and all(r.startswith("You haven't told me the ") for r in refusals)
     else:
         assert refusals and all(r.endswith(" is something you haven't told me.") for r in refusals)
+    slots = [m for d in drills for m in d if m["role"] == "assistant" and m["content"].startswith("Your ")]
+    assert bool(slots) == (name in ("long", "far"))  # only the last blocks drill the user's own details
+
+
+def test_decide_block_key_words_real_or_made_up(tmp_path: Path) -> None:
+    lm = load_model_dir(DEFAULT)
+
+    def things(keys: str) -> set[str]:
+        write_block(tmp_path / keys, "decide", seed=1, steps=2, lm=lm, train=PASSAGES, keys=keys)
+        rows = [json.loads(x)["messages"] for x in (tmp_path / keys / "a_keys.jsonl").read_text().splitlines()]
+        return {hit.group(2) for d in rows for m in d if m["role"] == "assistant" and (hit := ANSWER.match(m["content"]))}
+
+    real, made_up = things("real"), things("fragment")
+    world = phase3_world(PASSAGES)
+    words = set(world.thing_adj) | set(world.thing_noun)
+    assert real and all(set(t.split()) <= words for t in real)
+    assert sum(not set(t.split()) <= words for t in made_up) > len(made_up) / 2
+    with pytest.raises(ValueError, match="unknown key words 'greek'"):
+        write_block(tmp_path / "x", "decide", seed=1, steps=2, lm=lm, train=PASSAGES, keys="greek")
 
 
 def test_forced_check_reads_binding_and_the_refusal_choice() -> None:
