@@ -32,6 +32,8 @@ Blocks from the model directory `start`, each its own data and WSD schedule (lr 
   those decision tokens x8;
 - "long" (rows of 1,024): as "mix", with twice phase 3's updates in its rows and the
   user's own details beside codes in the drills, half of whose blocks hold an update;
+- "gaps" (rows of 1,024): as "long", with 64-600 tokens of unrelated chat between a
+  drill block's statements and its questions;
 - "far" (rows of 1,024, off): more phase-3 rows, ghosts beside 60% of facts, three times
   the updates, details of made-up words.
 
@@ -41,7 +43,8 @@ Measured (96 held-out trials each, docs/default-model.md, "Phase 5 in the recipe
 codes right .70 (.40). The first run, 450 / 450 (fragment words) / 700 steps and no long
 block, bound keys as well but refused less ("not told" .49) and lost recall past 512;
 "far" after "long" raised "not told" to .70 but refused .20 of stated facts and lost
-recall at 1,024 (.79 -> .60).
+recall at 1,024 (.79 -> .60); "gaps" after "long" was worse on every measure ("not told"
+.55, stale .29).
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ LONG_DRILL = dataclasses.replace(DRILL, length=1024, drill_slots=0.4, drill_upda
 FAR_ROWS3 = dataclasses.replace(LONG_ROWS3, ghost_prob=0.6, update_prob=0.24)
 FAR_DRILL = dataclasses.replace(LONG_DRILL, drill_slots=0.5)
 FAR_MIX = (0.5, 0.35, 0.15)
+# The "gaps" block, after "long" instead of "far": the same data as "long", but the
+# drills put 64-600 tokens of unrelated chat between a block's statements and its
+# questions, so that keys are told apart (and refusals decided) at a distance with the
+# drills' dense decision tokens, not only in the sparser phase-3 rows.
+GAPS_DRILL = dataclasses.replace(LONG_DRILL, drill_gap=(64, 600))
 # block: (rows, focus tokens, loss on them only)
 BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
     "bind": (256, ("digit",), True),
@@ -106,6 +114,7 @@ BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
     "mix": (512, ("digit", "decision", "key"), False),
     "long": (1024, ("digit", "decision", "key"), False),
     "far": (1024, ("digit", "decision", "key"), False),
+    "gaps": (1024, ("digit", "decision", "key"), False),
 }
 KEYS = ("fragment", "real")  # the decide block's key words: made-up word pieces, or phase 3's words
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
@@ -166,7 +175,7 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
                                                          tok, template)
         return info
     shares = {"decide": (0.0, 1.0, 0.0), "far": FAR_MIX}.get(name, MIX)
-    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL)}.get(name, (ROWS3, DRILL))
+    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL), "gaps": (LONG_ROWS3, GAPS_DRILL)}.get(name, (ROWS3, DRILL))
     if shares[0]:
         b3 = rdata.make_builder(composed(phase3_world(train)), train, tok, template)
         info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, rows3, math.ceil(total * shares[0] / rows3.length * 1.05),
@@ -254,15 +263,15 @@ def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, se
 
 
 def copy_keys(args: argparse.Namespace, start: Path) -> tuple[list[dict[str, Any]], Path]:
-    """Phase 5 from the model directory `start`: the bind, decide, mix, long and far blocks
-    for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
-    `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps` and
-    `args.phase5_far_steps` (a block with 0 steps is skipped). Returns the blocks' history
+    """Phase 5 from the model directory `start`: the bind, decide, mix, long, gaps and far
+    blocks for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
+    `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps`,
+    `args.phase5_gaps_steps` and `args.phase5_far_steps` (a block with 0 steps is skipped). Returns the blocks' history
     entries and the directory of the last block's model."""
     entries = []
     for name, steps, seed in (("bind", args.phase5_bind_steps, 7373), ("decide", args.phase5_decide_steps, 7979),
                               ("mix", args.phase5_steps, 8484), ("long", args.phase5_long_steps, 9191),
-                              ("far", args.phase5_far_steps, 9797)):
+                              ("gaps", args.phase5_gaps_steps, 9393), ("far", args.phase5_far_steps, 9797)):
         if steps:
             keys = args.phase5_decide_keys if name == "decide" else "fragment"
             entries.append(train_block(args, start, name, steps, seed=args.seed + seed, keys=keys))

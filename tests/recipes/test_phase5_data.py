@@ -17,7 +17,7 @@ from agent.recipes import data as rdata
 from agent.recipes.corpus import Passage
 from agent.recipes.dialogues import Fact
 from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase5 import BLOCKS, DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
+from agent.recipes.phase5 import BLOCKS, DRILL, GAPS_DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
 from agent.recipes.vocab import COMPOSED, HELDOUT, TRAIN, composed
 from agent.recipes.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
@@ -96,6 +96,29 @@ def test_slot_drills_answer_the_users_own_details_by_key_and_refuse_the_unsaid_o
     assert answers > 15 and refusals > 5 and updated > 0 and codes > 15  # codes are still drilled beside them
 
 
+def test_gap_drills_ask_their_questions_after_unrelated_chat() -> None:
+    lm = load_model_dir(DEFAULT)
+    b = rdata.make_builder(drill_world(PASSAGES, lm.tokenizer, random.Random(0)), PASSAGES, lm.tokenizer, lm.template)
+
+    def distances(spec: object) -> list[int]:
+        """Tokens between each code's last statement and its answer."""
+        out = []
+        for seed in range(8):
+            msgs = b.key_drill(random.Random(seed), spec)  # type: ignore[arg-type]
+            for i, m in enumerate(msgs):
+                hit = ANSWER.match(m["content"]) if m["role"] == "assistant" else None
+                if not hit or not re.fullmatch(r"\d{5}", hit.group(3)):
+                    continue
+                said = [j for j in range(i - 1) if msgs[j]["role"] == "user" and hit.group(3) in msgs[j]["content"]
+                        and hit.group(2) in msgs[j]["content"]]
+                out.append(sum(b.count(x) for x in msgs[said[-1] + 2:i - 1]))
+        return out
+
+    gaps, none = distances(GAPS_DRILL), distances(LONG_DRILL)
+    assert len(gaps) > 5 and min(gaps) >= 64 and max(gaps) > 200
+    assert min(none) < 64  # without the gap, some codes are asked right after they are given
+
+
 def test_far_drills_add_details_of_made_up_words() -> None:
     tok = load_model_dir(DEFAULT).tokenizer
     plain, more = drill_world(PASSAGES, tok, random.Random(3)), drill_world(PASSAGES, tok, random.Random(3), slots=True)
@@ -133,7 +156,7 @@ def test_composed_phrasings_add_to_the_world_and_none_is_held_out() -> None:
 
 
 @pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4)), ("long", (0.4, 0.4)),
-                                                ("far", (0.5, 0.35))])
+                                                ("far", (0.5, 0.35)), ("gaps", (0.4, 0.4))])
 def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tuple[float, float], tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
     info = write_block(tmp_path, name, seed=1, steps=4, lm=lm, train=PASSAGES)
@@ -147,7 +170,7 @@ def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tu
     else:
         assert refusals and all(r.endswith(" is something you haven't told me.") for r in refusals)
     slots = [m for d in drills for m in d if m["role"] == "assistant" and m["content"].startswith("Your ")]
-    assert bool(slots) == (name in ("long", "far"))  # only the last blocks drill the user's own details
+    assert bool(slots) == (name in ("long", "far", "gaps"))  # only the last blocks drill the user's own details
 
 
 def test_decide_block_key_words_real_or_made_up(tmp_path: Path) -> None:
