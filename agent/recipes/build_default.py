@@ -26,8 +26,8 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    made is equivalent to `--from-model agent/models/default --phase2-steps 0
    --phase3-steps 0 --phase4-steps 1000` (same data, byte for byte, and schedules); its
    model is not shipped: see docs/default-model.md.
-9. Phase 5 (phase5.py), the shipped model's last phase (off if its last four blocks all
-   have 0 steps): answer by key, copy the key, refuse at the key. Key drills with the loss on the values'
+9. Phase 5 (phase5.py), the shipped model's last phase (off if its blocks after decide
+   all have 0 steps): answer by key, copy the key, refuse at the key. Key drills with the loss on the values'
    first digits only (`--phase5-bind-steps`), key drills with the loss on the decision
    tokens only (`--phase5-decide-steps`; keys of made-up words or, with
    `--phase5-decide-keys real`, phase 3's words), then those mixed with phase-3 rows and
@@ -331,17 +331,20 @@ def main() -> None:
     ap.add_argument("--phase5-long-steps", type=int, default=1000,
                     help="phase 5's long block (as the mix, rows of 1,024, details drilled beside codes, more updates) "
                          "steps; 0: none")
+    ap.add_argument("--phase5-details-steps", type=int, default=0,
+                    help="phase 5's block after the long one (its data, plus details named with made-up words) steps; "
+                         "0 (default): none")
     ap.add_argument("--phase5-gaps-steps", type=int, default=0,
                     help="phase 5's block after the long one (its data, with unrelated chat between a drill's statements "
                          "and questions) steps; 0 (default): none")
     ap.add_argument("--phase5-far-steps", type=int, default=0,
                     help="phase 5's last block (as the long one, more never-stated and updated facts asked at a distance, "
                          "details of made-up words) steps; 0 (default): none, it traded recall for refusals. Phase 5 runs "
-                         "unless this, --phase5-gaps-steps, --phase5-long-steps and --phase5-steps are all 0")
+                         "unless this and the steps of the mix, long, details and gaps blocks are all 0")
     args = ap.parse_args()
     for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps", "phase4_lookup_steps", "phase4_mix_steps",
                  "phase4_steps", "phase5_bind_steps", "phase5_decide_steps", "phase5_steps", "phase5_long_steps",
-                 "phase5_gaps_steps", "phase5_far_steps"):
+                 "phase5_details_steps", "phase5_gaps_steps", "phase5_far_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -397,7 +400,7 @@ def main() -> None:
         trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
                    "tokens": trained["tokens"] + n * BATCH_TOKENS,
                    "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
-    if args.phase5_steps or args.phase5_long_steps or args.phase5_gaps_steps or args.phase5_far_steps:
+    if any((args.phase5_steps, args.phase5_long_steps, args.phase5_details_steps, args.phase5_gaps_steps, args.phase5_far_steps)):
         from agent.recipes.phase5 import copy_keys
 
         entries, model_dir = copy_keys(args, model_dir)

@@ -106,6 +106,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
                 "decide": "key drills with {keys} key words, loss on the decision tokens only",
                 "mix": "phase-3 rows, key drills and prose",
                 "long": "phase-3 rows with twice the updates, key drills of codes and the user's own details, and prose",
+                "details": "phase-3 rows with twice the updates, key drills of codes and the user's own details, also "
+                           "named with made-up words, and prose",
                 "gaps": "phase-3 rows with twice the updates, key drills of codes and the user's own details asked after "
                         "unrelated chat, and prose",
                 "far": "phase-3 rows with ghosts beside 60% of facts and three times the updates, key drills of codes and "

@@ -32,6 +32,8 @@ Blocks from the model directory `start`, each its own data and WSD schedule (lr 
   those decision tokens x8;
 - "long" (rows of 1,024): as "mix", with twice phase 3's updates in its rows and the
   user's own details beside codes in the drills, half of whose blocks hold an update;
+- "details" (rows of 1,024): as "long", with as many details again named with made-up
+  words (`drill_world(..., slots=True)`);
 - "gaps" (rows of 1,024): as "long", with 64-600 tokens of unrelated chat between a
   drill block's statements and its questions;
 - "far" (rows of 1,024, off): more phase-3 rows, ghosts beside 60% of facts, three times
@@ -44,7 +46,8 @@ codes right .70 (.40). The first run, 450 / 450 (fragment words) / 700 steps and
 block, bound keys as well but refused less ("not told" .49) and lost recall past 512;
 "far" after "long" raised "not told" to .70 but refused .20 of stated facts and lost
 recall at 1,024 (.79 -> .60); "gaps" after "long" was worse on every measure ("not told"
-.55, stale .29).
+.55, stale .29); "details" matched codes better (two codes right .79) but refused less
+("not told" .50, stale .27).
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
     "long": (1024, ("digit", "decision", "key"), False),
     "far": (1024, ("digit", "decision", "key"), False),
     "gaps": (1024, ("digit", "decision", "key"), False),
+    "details": (1024, ("digit", "decision", "key"), False),
 }
 KEYS = ("fragment", "real")  # the decide block's key words: made-up word pieces, or phase 3's words
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
@@ -175,12 +179,13 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
                                                          tok, template)
         return info
     shares = {"decide": (0.0, 1.0, 0.0), "far": FAR_MIX}.get(name, MIX)
-    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL), "gaps": (LONG_ROWS3, GAPS_DRILL)}.get(name, (ROWS3, DRILL))
+    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL), "gaps": (LONG_ROWS3, GAPS_DRILL),
+                    "details": (LONG_ROWS3, LONG_DRILL)}.get(name, (ROWS3, DRILL))
     if shares[0]:
         b3 = rdata.make_builder(composed(phase3_world(train)), train, tok, template)
         info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, rows3, math.ceil(total * shares[0] / rows3.length * 1.05),
                                                       tok, template)
-    world = drill_world(train, tok, rng, slots=name == "far") if keys == "fragment" else composed(phase3_world(train))
+    world = drill_world(train, tok, rng, slots=name in ("far", "details")) if keys == "fragment" else composed(phase3_world(train))
     bk = rdata.make_builder(world, train, tok, template)
     info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, drill, math.ceil(total * shares[1] / drill.length * 1.05),
                                                      tok, template)
@@ -263,15 +268,17 @@ def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, se
 
 
 def copy_keys(args: argparse.Namespace, start: Path) -> tuple[list[dict[str, Any]], Path]:
-    """Phase 5 from the model directory `start`: the bind, decide, mix, long, gaps and far
-    blocks for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
+    """Phase 5 from the model directory `start`: the bind, decide, mix, long, details, gaps
+    and far blocks for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
     `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps`,
-    `args.phase5_gaps_steps` and `args.phase5_far_steps` (a block with 0 steps is skipped). Returns the blocks' history
+    `args.phase5_details_steps`, `args.phase5_gaps_steps` and `args.phase5_far_steps` (a
+    block with 0 steps is skipped). Returns the blocks' history
     entries and the directory of the last block's model."""
     entries = []
     for name, steps, seed in (("bind", args.phase5_bind_steps, 7373), ("decide", args.phase5_decide_steps, 7979),
                               ("mix", args.phase5_steps, 8484), ("long", args.phase5_long_steps, 9191),
-                              ("gaps", args.phase5_gaps_steps, 9393), ("far", args.phase5_far_steps, 9797)):
+                              ("details", args.phase5_details_steps, 9595), ("gaps", args.phase5_gaps_steps, 9393),
+                              ("far", args.phase5_far_steps, 9797)):
         if steps:
             keys = args.phase5_decide_keys if name == "decide" else "fragment"
             entries.append(train_block(args, start, name, steps, seed=args.seed + seed, keys=keys))

@@ -90,6 +90,7 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     (["--phase5-long-steps", "-1"], "--phase5-long-steps must be >= 0"),
     (["--phase5-far-steps", "-2"], "--phase5-far-steps must be >= 0"),
     (["--phase5-gaps-steps", "-3"], "--phase5-gaps-steps must be >= 0"),
+    (["--phase5-details-steps", "-4"], "--phase5-details-steps must be >= 0"),
     (["--phase5-decide-keys", "greek"], "argument --phase5-decide-keys: invalid choice: 'greek'"),
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])
