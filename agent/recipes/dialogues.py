@@ -466,6 +466,7 @@ class Builder:
             k = rng.randint(2, 4)
             taken: set[tuple[str, str]] = set()
             facts: list[Fact] = []
+            codes: list[Fact] = []  # the facts that are codes, for one-word-off keys
             while len(facts) < k:
                 if spec.drill_slots and rng.random() < spec.drill_slots:
                     slot, vk = rng.choice(w.slots)
@@ -473,13 +474,14 @@ class Builder:
                 else:
                     f = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "num5",
                              make_value(rng, "num5", w) if rng.random() < 0.8 else code_value(rng, w))
-                codes = [g for g in facts if g.kind == "code"]
                 if f.kind == "code" and codes and rng.random() < KEY_DRILL_SIBLINGS:
                     f.attr, f.thing = one_word_off(rng.choice(codes))
                 if f.key in taken:
                     continue
                 taken.add(f.key)
                 facts.append(f)
+                if f.kind == "code":
+                    codes.append(f)
             block: list[Message] = []
             i = 0
             while i < k:
@@ -504,10 +506,10 @@ class Builder:
             for _ in range(rng.randint(*spec.drill_ghosts)):
                 if spec.drill_slots and rng.random() < spec.drill_slots:
                     g = Fact("slot", rng.choice(w.slots)[0], "", "slot")
-                elif not any(f.kind == "code" for f in facts) or spec.far_ghosts and rng.random() < spec.far_ghosts:
+                elif not codes or spec.far_ghosts and rng.random() < spec.far_ghosts:
                     g = Fact("code", rng.choice(w.code_attrs), f"{rng.choice(w.thing_adj)} {rng.choice(w.thing_noun)}", "code")
                 else:
-                    g = Fact("code", *one_word_off(rng.choice([f for f in facts if f.kind == "code"])), "code")
+                    g = Fact("code", *one_word_off(rng.choice(codes)), "code")
                 if g.key not in taken:
                     questions.append((g, True))
             rng.shuffle(questions)

@@ -32,9 +32,9 @@ Blocks from the model directory `start`, each its own data and WSD schedule (lr 
   those decision tokens x8;
 - "long" (rows of 1,024): as "mix", with twice phase 3's updates in its rows and the
   user's own details beside codes in the drills, half of whose blocks hold an update;
-- "details" (rows of 1,024): as "long", with as many details again named with made-up
-  words (`drill_world(..., slots=True)`);
-- "gaps" (rows of 1,024): as "long", with 64-600 tokens of unrelated chat between a
+- "details" (rows of 1,024, off): as "long", with as many details again named with
+  made-up words (`drill_world(..., slots=True)`);
+- "gaps" (rows of 1,024, off): as "long", with 64-600 tokens of unrelated chat between a
   drill block's statements and its questions;
 - "far" (rows of 1,024, off): more phase-3 rows, ghosts beside 60% of facts, three times
   the updates, details of made-up words.
@@ -59,7 +59,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -110,15 +110,34 @@ FAR_MIX = (0.5, 0.35, 0.15)
 # questions, so that keys are told apart (and refusals decided) at a distance with the
 # drills' dense decision tokens, not only in the sparser phase-3 rows.
 GAPS_DRILL = dataclasses.replace(LONG_DRILL, drill_gap=(64, 600))
-# block: (rows, focus tokens, loss on them only)
-BLOCKS: dict[str, tuple[int, tuple[str, ...], bool]] = {
-    "bind": (256, ("digit",), True),
-    "decide": (512, ("digit", "decision", "key"), True),
-    "mix": (512, ("digit", "decision", "key"), False),
-    "long": (1024, ("digit", "decision", "key"), False),
-    "far": (1024, ("digit", "decision", "key"), False),
-    "gaps": (1024, ("digit", "decision", "key"), False),
-    "details": (1024, ("digit", "decision", "key"), False),
+DECISION = ("digit", "decision", "key")
+
+
+class Block(NamedTuple):
+    """One block of phase 5: its loss (focus tokens, and whether only they count), its
+    shares of phase-3 rows, key drills and prose, their specs, and whether the drills'
+    world adds details named with made-up words. Its rows are its drills' length."""
+
+    focus: tuple[str, ...]
+    focus_only: bool
+    shares: tuple[float, float, float] = MIX
+    rows3: DialogueSpec = ROWS3
+    drill: DialogueSpec = DRILL
+    made_up_details: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.drill.length
+
+
+BLOCKS: dict[str, Block] = {
+    "bind": Block(("digit",), True, shares=(0.0, 1.0, 0.0), drill=BIND),
+    "decide": Block(DECISION, True, shares=(0.0, 1.0, 0.0)),
+    "mix": Block(DECISION, False),
+    "long": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL),
+    "details": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL, made_up_details=True),
+    "gaps": Block(DECISION, False, rows3=LONG_ROWS3, drill=GAPS_DRILL),
+    "far": Block(DECISION, False, shares=FAR_MIX, rows3=FAR_ROWS3, drill=FAR_DRILL, made_up_details=True),
 }
 KEYS = ("fragment", "real")  # the decide block's key words: made-up word pieces, or phase 3's words
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
@@ -173,19 +192,18 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
     total = steps * BATCH_TOKENS
     rng = random.Random(seed)
     info: dict[str, Any] = {"block": name}
-    if name == "bind":
+    block = BLOCKS[name]
+    shares, rows3, drill = block.shares, block.rows3, block.drill
+    if name == "bind":  # phase 2's world: the measured first-digit-only run's drills
         b = rdata.make_builder(phase2_world(train), train, tok, template)
-        info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", b, rng, BIND, math.ceil(total / BIND.length * 1.05),
+        info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", b, rng, drill, math.ceil(total / drill.length * 1.05),
                                                          tok, template)
         return info
-    shares = {"decide": (0.0, 1.0, 0.0), "far": FAR_MIX}.get(name, MIX)
-    rows3, drill = {"long": (LONG_ROWS3, LONG_DRILL), "far": (FAR_ROWS3, FAR_DRILL), "gaps": (LONG_ROWS3, GAPS_DRILL),
-                    "details": (LONG_ROWS3, LONG_DRILL)}.get(name, (ROWS3, DRILL))
     if shares[0]:
         b3 = rdata.make_builder(composed(phase3_world(train)), train, tok, template)
         info["phase3_tokens"] = rdata.write_dialogues(folder / "a_rows.jsonl", b3, rng, rows3, math.ceil(total * shares[0] / rows3.length * 1.05),
                                                       tok, template)
-    world = drill_world(train, tok, rng, slots=name in ("far", "details")) if keys == "fragment" else composed(phase3_world(train))
+    world = drill_world(train, tok, rng, slots=block.made_up_details) if keys == "fragment" else composed(phase3_world(train))
     bk = rdata.make_builder(world, train, tok, template)
     info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, drill, math.ceil(total * shares[1] / drill.length * 1.05),
                                                      tok, template)
@@ -249,7 +267,8 @@ def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, se
     """Train block `name` from the model directory `start` into <work>/phase5_<name>."""
     train_p, held_p, base, folder, run = start_block(args, start, f"phase5_{name}")
     info = {**write_block(folder, name, seed=seed, steps=steps, lm=base, train=train_p, keys=keys), "keys": keys}
-    rows, focus, only = BLOCKS[name]
+    block = BLOCKS[name]
+    rows, focus, only = block.rows, block.focus, block.focus_only
     log(f"phase 5 {name} from {start}: {steps} steps; {info}; forced {forced_check(base)}")
     checks, summaries = [], []
     for end in [*range(CHECK_EVERY, steps, CHECK_EVERY), steps]:

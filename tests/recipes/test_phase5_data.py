@@ -161,7 +161,7 @@ def test_composed_phrasings_add_to_the_world_and_none_is_held_out() -> None:
 def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tuple[float, float], tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
     info = write_block(tmp_path, name, seed=1, steps=4, lm=lm, train=PASSAGES)
-    total, rows = 4 * 4096, BLOCKS[name][0]
+    total, rows = 4 * 4096, BLOCKS[name].rows
     assert info["key_drill_tokens"] % rows == 0 and 0.9 * shares[1] < info["key_drill_tokens"] / total < 1.3 * shares[1]
     assert ("phase3_tokens" in info) == bool(shares[0]) and (tmp_path / "b_text.jsonl").exists() == bool(shares[0])
     drills = [json.loads(x)["messages"] for x in (tmp_path / "a_keys.jsonl").read_text().splitlines()]
