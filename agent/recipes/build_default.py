@@ -34,7 +34,8 @@ Steps (each writes under --work, default /tmp/laplace-default-build):
    prose (`--phase5-steps`), then the same at rows of 1,024 with the user's own details in
    the drills and more updates (`--phase5-long-steps`); defaults 450 / 1,200 (real) / 700
    / 1,000, the run shipped. A last block with more never-stated and updated facts asked
-   at a distance (`--phase5-far-steps`) is off: it traded recall for refusals.
+   at a distance (`--phase5-far-steps`) is off: it traded recall for refusals. So is a
+   block on heads widened to 64 x 64 (`--phase5-wide-steps`, widen.py): it did not help.
 10. Evaluation (held-out recall, "not told", updates, two codes held, end of turn, held-out
    perplexity) and the model directory with its card in --out (default agent/models/default).
 `--baseline` then trains the softmax transformer of the same widths on the same rows for
@@ -339,12 +340,15 @@ def main() -> None:
                          "and questions) steps; 0 (default): none")
     ap.add_argument("--phase5-far-steps", type=int, default=0,
                     help="phase 5's last block (as the long one, more never-stated and updated facts asked at a distance, "
-                         "details of made-up words) steps; 0 (default): none, it traded recall for refusals. Phase 5 runs "
-                         "unless this and the steps of the mix, long, details and gaps blocks are all 0")
+                         "details of made-up words) steps; 0 (default): none, it traded recall for refusals")
+    ap.add_argument("--phase5-wide-steps", type=int, default=0,
+                    help="phase 5's last block: the heads widened from 32 x 32 to 64 x 64 (same outputs), then trained on "
+                         "fresh data of the long block, steps; 0 (default): none, it did not help (the run made: 1200). "
+                         "Phase 5 runs unless this and the steps of the mix, long, details, gaps and far blocks are all 0")
     args = ap.parse_args()
     for name in ("phase2_steps", "phase2_polish_steps", "phase3_steps", "phase4_lookup_steps", "phase4_mix_steps",
                  "phase4_steps", "phase5_bind_steps", "phase5_decide_steps", "phase5_steps", "phase5_long_steps",
-                 "phase5_details_steps", "phase5_gaps_steps", "phase5_far_steps"):
+                 "phase5_details_steps", "phase5_gaps_steps", "phase5_far_steps", "phase5_wide_steps"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0 (0 skips it)")
     if args.phase2_minutes is not None and args.phase2_minutes <= 0:
@@ -400,7 +404,8 @@ def main() -> None:
         trained = {**trained, "history": trained["history"] + entries, "steps": trained["steps"] + n,
                    "tokens": trained["tokens"] + n * BATCH_TOKENS,
                    "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
-    if any((args.phase5_steps, args.phase5_long_steps, args.phase5_details_steps, args.phase5_gaps_steps, args.phase5_far_steps)):
+    if any((args.phase5_steps, args.phase5_long_steps, args.phase5_details_steps, args.phase5_gaps_steps, args.phase5_far_steps,
+            args.phase5_wide_steps)):
         from agent.recipes.phase5 import copy_keys
 
         entries, model_dir = copy_keys(args, model_dir)

@@ -111,8 +111,11 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
                 "gaps": "phase-3 rows with twice the updates, key drills of codes and the user's own details asked after "
                         "unrelated chat, and prose",
                 "far": "phase-3 rows with ghosts beside 60% of facts and three times the updates, key drills of codes and "
-                       "details of made-up words, and prose"}
+                       "details of made-up words, and prose",
+                "wide": "the long block's data drawn afresh, on heads widened to {heads}"}
         keys = {"fragment": "made-up", "real": "phase 3's"}
+        widened = any(h["block"] == "wide" for h in phase5)  # to the shipped model's heads
+        heads = f"{meta['model']['head_k_dim']} x {meta['model']['head_v_dim']}" if widened else ""
 
         def last(h: dict[str, Any]) -> str:
             c = h["checks"][-1]
@@ -122,7 +125,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             return line
 
         card["curriculum_phase5"] = "; ".join(
-            f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')])}, rows of {h['rows']}, "
+            f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')], heads=heads)}, "
+            f"rows of {h['rows']}, "
             f"lr {h['lr']:g} (WSD): " + last(h) for h in phase5)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}

@@ -37,7 +37,9 @@ Blocks from the model directory `start`, each its own data and WSD schedule (lr 
 - "gaps" (rows of 1,024, off): as "long", with 64-600 tokens of unrelated chat between a
   drill block's statements and its questions;
 - "far" (rows of 1,024, off): more phase-3 rows, ghosts beside 60% of facts, three times
-  the updates, details of made-up words.
+  the updates, details of made-up words;
+- "wide" (rows of 1,024, off): the heads widened to 64 x 64 (`widen.py`, same outputs),
+  then fresh data of the "long" block.
 
 Measured (96 held-out trials each, docs/default-model.md, "Phase 5 in the recipe"): 450 /
 1,200 (phase 3's words) / 700 / 1,000 steps on the phase-3 model is the shipped model; at
@@ -47,7 +49,8 @@ block, bound keys as well but refused less ("not told" .49) and lost recall past
 "far" after "long" raised "not told" to .70 but refused .20 of stated facts and lost
 recall at 1,024 (.79 -> .60); "gaps" after "long" was worse on every measure ("not told"
 .55, stale .29); "details" matched codes better (two codes right .79) but refused less
-("not told" .50, stale .27).
+("not told" .50, stale .27); "wide" after "long" (1,200 steps) was worse on the floors
+("not told" .59, stale .29, perplexity 113.1 against 103.2).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ from agent.recipes.recall_eval import EVAL_SEED, evaluate
 from agent.recipes.recall_eval import _code as held_out_code
 from agent.recipes.vocab import HELDOUT, World, composed
 from agent.recipes.weighted import FocusTrainer
-from agent.runtime.checkpoint import load_model_dir
+from agent.recipes.widen import widen_heads
+from agent.runtime.checkpoint import load_model_dir, save_model_dir
 from agent.runtime.tokenizer import Tokenizer
 from agent.train.config import TrainConfig
 
@@ -138,7 +142,13 @@ BLOCKS: dict[str, Block] = {
     "details": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL, made_up_details=True),
     "gaps": Block(DECISION, False, rows3=LONG_ROWS3, drill=GAPS_DRILL),
     "far": Block(DECISION, False, shares=FAR_MIX, rows3=FAR_ROWS3, drill=FAR_DRILL, made_up_details=True),
+    "wide": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL),
 }
+# The "wide" block (off): the model's heads widened (widen.py) from 32 x 32 to WIDE_HEADS,
+# then trained on fresh data of the "long" block. The blocks tried after "long" on 32 x 32
+# heads each lost more than they gained; a bigger state per head was the other lever. It
+# did not move the refusal choice (forced AUC .72 after 1,200 steps, as before).
+WIDE_HEADS = (64, 64)
 KEYS = ("fragment", "real")  # the decide block's key words: made-up word pieces, or phase 3's words
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
 
@@ -286,20 +296,30 @@ def train_block(args: argparse.Namespace, start: Path, name: str, steps: int, se
             "wall_s": sum(s["wall_s"] for s in summaries)}
 
 
+def widen_dir(start: Path, out: Path, seed: int) -> Path:
+    """The model at `start` with WIDE_HEADS heads (same logits), saved to `out`."""
+    lm = widen_heads(load_model_dir(start), *WIDE_HEADS, seed=seed)
+    save_model_dir(lm, out, card=lm.card)
+    log(f"phase 5: widened heads of {start} to {WIDE_HEADS[0]} x {WIDE_HEADS[1]} in {out} ({lm.config.parameters():,} parameters)")
+    return out
+
+
 def copy_keys(args: argparse.Namespace, start: Path) -> tuple[list[dict[str, Any]], Path]:
-    """Phase 5 from the model directory `start`: the bind, decide, mix, long, details, gaps
-    and far blocks for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key words:
-    `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps`,
-    `args.phase5_details_steps`, `args.phase5_gaps_steps` and `args.phase5_far_steps` (a
-    block with 0 steps is skipped). Returns the blocks' history
-    entries and the directory of the last block's model."""
+    """Phase 5 from the model directory `start`: the bind, decide, mix, long, details, gaps,
+    far and wide blocks for `args.phase5_bind_steps`, `args.phase5_decide_steps` (its key
+    words: `args.phase5_decide_keys`), `args.phase5_steps`, `args.phase5_long_steps`,
+    `args.phase5_details_steps`, `args.phase5_gaps_steps`, `args.phase5_far_steps` and
+    `args.phase5_wide_steps` (a block with 0 steps is skipped; "wide" first widens the
+    heads). Returns the blocks' history entries and the directory of the last block's model."""
     entries = []
     for name, steps, seed in (("bind", args.phase5_bind_steps, 7373), ("decide", args.phase5_decide_steps, 7979),
                               ("mix", args.phase5_steps, 8484), ("long", args.phase5_long_steps, 9191),
                               ("details", args.phase5_details_steps, 9595), ("gaps", args.phase5_gaps_steps, 9393),
-                              ("far", args.phase5_far_steps, 9797)):
+                              ("far", args.phase5_far_steps, 9797), ("wide", args.phase5_wide_steps, 6161)):
         if steps:
             keys = args.phase5_decide_keys if name == "decide" else "fragment"
+            if name == "wide":
+                start = widen_dir(start, Path(args.work) / "phase5_widened", seed=args.seed)
             entries.append(train_block(args, start, name, steps, seed=args.seed + seed, keys=keys))
             start = Path(args.work) / f"phase5_{name}"
     return entries, start

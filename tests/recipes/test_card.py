@@ -18,11 +18,12 @@ def _eval(work: Path) -> None:
         "end_of_turn": {"ended_within_200": 1.0}, "ppl": 120.5}))
 
 
-def _fold(tmp_path: Path, card: dict) -> dict:
-    """update_card on a model directory holding `card` and a work folder holding _eval's eval.json."""
+def _fold(tmp_path: Path, card: dict, model_config: dict | None = None) -> dict:
+    """update_card on a model directory holding `card` (and `model_config`) and a work folder
+    holding _eval's eval.json."""
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"card": card, "model": {}}))
+    (model / "config.json").write_text(json.dumps({"card": card, "model": model_config or {}}))
     _eval(tmp_path / "work")
     return update_card(model, tmp_path / "work", None)
 
@@ -123,3 +124,15 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
     assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4220"
     assert out["data"].endswith("key drills with made-up key words in phase 5")
     assert out["heldout_refused_stated"] == "0:0.00 256:0.12 512:0.25"
+
+
+def test_phase5_wide_block_names_the_heads_it_widened_to(tmp_path: Path) -> None:
+    check = {"step": 1200, "bind_right": 0.75, "bind_other": 0.2, "bind_right_wins": 0.8, "refusal_auc": 0.8, "not_told": 0.85,
+             "refused_stated": 0.05}
+    stages = [{"phase": 1, "from_model": "/x", "card": {"curriculum": "256x250", "go_no_go": ""}, "log": None},
+              {"phase": 5, "block": "wide", "steps": [0, 1200], "rows": 1024, "lr": 1e-3, "tokens_per_s": 1700, "checks": [check]}]
+    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase5": {"steps": 1200, "wide": 1200}}
+    out = _fold(tmp_path, card, {"head_k_dim": 64, "head_v_dim": 64})
+    assert out["curriculum_phase5"] == (
+        "1200 steps of the long block's data drawn afresh, on heads widened to 64 x 64, rows of 1024, lr 0.001 (WSD): "
+        "binding 0.75/0.20, refusal AUC 0.80, at 0 tokens not told 0.85 and stated refused 0.05")

@@ -60,16 +60,18 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "0",
            "--phase3-steps", "0", "--phase5-bind-steps", "1", "--phase5-decide-steps", "1", "--phase5-decide-keys", "real", "--phase5-steps", "2",
-           "--phase5-long-steps", "1", "--phase5-far-steps", "1", "--eval-trials", "1",
+           "--phase5-long-steps", "1", "--phase5-far-steps", "1", "--phase5-wide-steps", "1", "--eval-trials", "1",
            "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
-    card = load_model_dir(out).card
-    assert card["phase5"] == {"steps": 6, "bind": 1, "decide": 1, "mix": 2, "long": 1, "far": 1}
-    assert card["training_tokens"] == 6 * 4096
+    shipped = load_model_dir(out)
+    card = shipped.card
+    assert card["phase5"] == {"steps": 7, "bind": 1, "decide": 1, "mix": 2, "long": 1, "far": 1, "wide": 1}
+    assert card["training_tokens"] == 7 * 4096
+    assert (shipped.config.head_k_dim, shipped.config.head_v_dim) == (64, 64)  # the wide block widened tiny's 16 x 32 heads
     blocks = [h for h in card["stages"] if h.get("phase") == 5]
     assert [(h["block"], h["steps"], h["rows"], h["focus_only"], h["data"]["keys"]) for h in blocks] == [
         ("bind", [0, 1], 256, True, "fragment"), ("decide", [0, 1], 512, True, "real"), ("mix", [0, 2], 512, False, "fragment"),
-        ("long", [0, 1], 1024, False, "fragment"), ("far", [0, 1], 1024, False, "fragment")]
+        ("long", [0, 1], 1024, False, "fragment"), ("far", [0, 1], 1024, False, "fragment"), ("wide", [0, 1], 1024, False, "fragment")]
     assert "not_told" not in blocks[0]["checks"][-1] and 0 <= blocks[0]["checks"][-1]["refusal_auc"] <= 1
     assert blocks[2]["checks"][-1]["step"] == 2 and 0 <= blocks[2]["checks"][-1]["not_told"] <= 1
     assert blocks[0]["data"]["key_drill_tokens"] > 0 and blocks[2]["data"]["phase3_tokens"] > 0
@@ -91,6 +93,7 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     (["--phase5-far-steps", "-2"], "--phase5-far-steps must be >= 0"),
     (["--phase5-gaps-steps", "-3"], "--phase5-gaps-steps must be >= 0"),
     (["--phase5-details-steps", "-4"], "--phase5-details-steps must be >= 0"),
+    (["--phase5-wide-steps", "-1"], "--phase5-wide-steps must be >= 0"),
     (["--phase5-decide-keys", "greek"], "argument --phase5-decide-keys: invalid choice: 'greek'"),
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])

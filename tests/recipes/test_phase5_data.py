@@ -157,7 +157,7 @@ def test_composed_phrasings_add_to_the_world_and_none_is_held_out() -> None:
 
 @pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4)), ("long", (0.4, 0.4)),
                                                 ("far", (0.5, 0.35)), ("gaps", (0.4, 0.4)),
-                                                ("details", (0.4, 0.4))])
+                                                ("details", (0.4, 0.4)), ("wide", (0.4, 0.4))])
 def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tuple[float, float], tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
     info = write_block(tmp_path, name, seed=1, steps=4, lm=lm, train=PASSAGES)
@@ -171,7 +171,7 @@ def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tu
     else:
         assert refusals and all(r.endswith(" is something you haven't told me.") for r in refusals)
     slots = [m for d in drills for m in d if m["role"] == "assistant" and m["content"].startswith("Your ")]
-    assert bool(slots) == (name in ("long", "far", "gaps", "details"))  # only the last blocks drill the user's own details
+    assert bool(slots) == (name in ("long", "far", "gaps", "details", "wide"))  # only the last blocks drill the user's own details
 
 
 def test_decide_block_key_words_real_or_made_up(tmp_path: Path) -> None:
