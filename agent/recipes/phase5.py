@@ -134,15 +134,16 @@ class Block(NamedTuple):
         return self.drill.length
 
 
+LONG = Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL)
 BLOCKS: dict[str, Block] = {
     "bind": Block(("digit",), True, shares=(0.0, 1.0, 0.0), drill=BIND),
     "decide": Block(DECISION, True, shares=(0.0, 1.0, 0.0)),
     "mix": Block(DECISION, False),
-    "long": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL),
-    "details": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL, made_up_details=True),
-    "gaps": Block(DECISION, False, rows3=LONG_ROWS3, drill=GAPS_DRILL),
+    "long": LONG,
+    "details": LONG._replace(made_up_details=True),
+    "gaps": LONG._replace(drill=GAPS_DRILL),
     "far": Block(DECISION, False, shares=FAR_MIX, rows3=FAR_ROWS3, drill=FAR_DRILL, made_up_details=True),
-    "wide": Block(DECISION, False, rows3=LONG_ROWS3, drill=LONG_DRILL),
+    "wide": LONG,  # long's data; copy_keys widens the heads first
 }
 # The "wide" block (off): the model's heads widened (widen.py) from 32 x 32 to WIDE_HEADS,
 # then trained on fresh data of the "long" block. The blocks tried after "long" on 32 x 32
