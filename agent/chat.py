@@ -117,7 +117,7 @@ class ChatService(SessionBrowsing):
         return StateMeta(model_fingerprint=self.fingerprint, n_tokens=state.n_tokens, dtype="float32")
 
     def _blob(self, state: RecurrentState) -> bytes:
-        return state.to_bytes(fingerprint=self.fingerprint)
+        return state.to_bytes(fingerprint=self.fingerprint, architecture=self.lm.config.architecture())
 
     def new_session(self, *, system: str | None = None, name: str | None = None) -> SessionView:
         with self._lock:

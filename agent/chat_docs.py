@@ -58,12 +58,13 @@ def fold_document(
     lm: LoadedModel, runner: EagerRunner, name: str, text: str, state: RecurrentState, ids_out: list[int],
     cancel: threading.Event | None = None,
 ) -> Iterator[tuple[ProgressEvent, RecurrentState]]:
-    """Fold `<|document|>name\\n\\ntext<|end|>\\n` into `state`, yielding progress and the new state.
+    """Fold the template's document message (`<|document|>name\\n\\ntext<|end|>\\n` in the
+    Laplace template) into `state`, yielding progress and the new state.
 
     The ids folded are appended to `ids_out` (they become the turn's stored token ids)."""
     tok, template = lm.tokenizer, lm.template
-    head = [tok.token_id(template.role_tokens["document"]), *tok.encode(f"{name}\n\n")]
-    tail = [tok.token_id(template.end_token), *tok.encode(template.separator)]
+    head = [*template.open_ids(tok, "document"), *tok.encode(f"{name}\n\n")]
+    tail = template.close_ids(tok, "document")
     pieces = [head] + [tok.encode(s) for s in _slices(text)] + [tail]
     total = sum(len(p) for p in pieces)
     done = 0

@@ -2,8 +2,8 @@
 
 Retention ledger: with a scalar decay per head, the share of a write still present after a
 stretch of tokens is exp(sum of the log-decays g over it). The decays are data-dependent,
-so they are captured while the model reads a filler (a forward hook on each layer's conv,
-recomputing g = log_decay(silu(conv(...))) outside the model file) and summed.
+so they are captured while the model reads a filler (a forward hook on each mixer's
+`decay_tap`, the identity that g passes through, whichever mixer the model has) and summed.
 
 Counterfactual trace: the same stream read twice (two batch rows) differing only in the
 planted value. After the conv window has passed the value, layer 0 sees identical inputs
@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from agent.runtime.model import LaplaceModel
@@ -49,12 +48,11 @@ def capture_decays(model: LaplaceModel) -> Iterator[DecayRecorder]:
     rec = DecayRecorder(len(model.blocks))
     handles = []
     for i, block in enumerate(model.blocks):
-        attn = block.attn
 
-        def hook(_mod: torch.nn.Module, _inp: object, out: tuple[Tensor, Tensor], i: int = i, attn=attn) -> None:
-            rec.parts[i].append(attn.log_decay(F.silu(out[0])).detach().float().cpu())
+        def hook(_mod: torch.nn.Module, _inp: object, out: Tensor, i: int = i) -> None:
+            rec.parts[i].append(out.detach().float().cpu())
 
-        handles.append(attn.conv.register_forward_hook(hook))
+        handles.append(block.attn.decay_tap.register_forward_hook(hook))
     try:
         yield rec
     finally:
@@ -100,8 +98,7 @@ def resting_half_lives(model: LaplaceModel) -> list[list[float]]:
     grow with the history. The ledger's measured half-lives are the reference."""
     out = []
     for block in model.blocks:
-        a = block.attn
-        g = F.logsigmoid(a.decay_bias.detach().float()) / a.config.gate_normalizer
+        g = block.attn.resting_log_decay().detach().cpu()
         out.append([_round(math.log(2.0) / -x) if x < 0 else math.inf for x in g.tolist()])
     return out
 

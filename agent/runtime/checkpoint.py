@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.state import tensor_bytes
+from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
 MODEL_FORMAT = "laplace-model"
@@ -42,7 +43,7 @@ class LoadedModel:
 
     model: LaplaceModel
     tokenizer: Tokenizer
-    template: ChatTemplate
+    template: AnyTemplate
     name: str
     path: Path | None = None
     card: dict[str, Any] = field(default_factory=dict)
@@ -68,7 +69,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: ChatTemplate) -> str:
+def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: AnyTemplate) -> str:
     h = hashlib.sha256()
     h.update(model.config.to_json().encode())
     h.update(weights_digest(model).encode())
@@ -144,7 +145,7 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     model = model.to(device=device, dtype=dtype).eval()
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
-        template = ChatTemplate.load(root / "chat_template.json")
+        template = load_chat_template(root / "chat_template.json")
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelLoadError(f"tokenizer or chat template in {root} is invalid ({exc})") from None
     if tokenizer.vocab_size > config.vocab_size:

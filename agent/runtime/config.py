@@ -3,6 +3,16 @@
 The `laplace-3b` preset reproduces i14's published Laplace 3B shape. Parameter and state
 counts are derived here arithmetically (and checked against a meta-device build in tests),
 so `laplace info` never has to allocate weights.
+
+Two token mixers share the one Simple-GLA kernel (`gla.py`):
+
+- `mixer="gla"`: the Laplace mixer (conv over the hidden state, q/k/v projections, a
+  logsigmoid decay gate per head, head norm and output gate).
+- `mixer="ssd"`: the Mamba-2 mixer family as imported from public checkpoints (Llamba,
+  Mamba2ForCausalLM): one in_proj to (z, x, B, C, a), a conv over (x, B, C), decay
+  g = -exp(A_log) * softplus(a + dt_bias), k = B and q = C shared by groups of value heads,
+  v = x (times dt where `v_times_dt`), y = C S + D x, then a gate. Its switches below say
+  which member of the family a checkpoint is; the state is still [H, K, V] per layer.
 """
 
 from __future__ import annotations
@@ -42,30 +52,80 @@ class LaplaceConfig:
     half_life_min: float = 1.0
     half_life_max: float = 2048.0
     init_std: float = 0.02
+    # ---- architecture switches (defaults are the Laplace mixer) -------------------------
+    mixer: str = "gla"  # "gla" | "ssd"
+    n_qk_heads: int = 0  # q/k heads shared by groups of value heads (0: one per value head)
+    qk_scale: bool = True  # q * head_k_dim ** -0.5 (Mamba-2 uses no scale)
+    d_skip: bool = False  # y += D * x per head (ssd)
+    v_times_dt: bool = False  # v = x * dt, Mamba-2's discretization (ssd)
+    gate: str = "headnorm"  # "headnorm" (gla) | "silu" (y * silu(z + z_bias)) | "rmsnorm" (grouped gated RMSNorm)
+    norm_groups: int = 1  # groups of the gated RMSNorm
+    conv_activation: str = "silu"  # "silu" | "identity", after the conv
+    conv_bias: bool = False
+    proj_bias: bool = False  # bias on the ssd in_proj / out_proj
+    dt_min: float = 0.0  # Mamba-2's time_step_limit on dt = softplus(a + dt_bias)
+    dt_max: float | None = None
+    tie_embeddings: bool = False
+    final_norm_eps: float | None = None  # None: norm_eps
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
     value_dim: int = field(init=False)
+    conv_dim: int = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_k_dim", "head_v_dim", "ffn_dim", "conv_size", "chunk_size"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_k_dim", "head_v_dim", "conv_size", "chunk_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"config field {name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if not 0 < self.half_life_min <= self.half_life_max:
-            raise ValueError("need 0 < half_life_min <= half_life_max")
+        if self.ffn_dim < 0 or self.n_qk_heads < 0:
+            raise ValueError("ffn_dim and n_qk_heads must be >= 0 (0: no feed-forward / one q-k head per value head)")
         if self.format_version != CONFIG_FORMAT_VERSION:
             raise ValueError(
                 f"config format version {self.format_version} is not supported (this laplace reads {CONFIG_FORMAT_VERSION}); upgrade laplace"
             )
-        object.__setattr__(self, "key_dim", self.n_heads * self.head_k_dim)
+        choices = {"mixer": ("gla", "ssd"), "gate": ("headnorm", "silu", "rmsnorm"), "conv_activation": ("silu", "identity")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config field {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        n_qk = self.n_qk_heads or self.n_heads
+        if self.n_heads % n_qk:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_qk_heads ({n_qk})")
+        if self.mixer == "gla":
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            if not 0 < self.half_life_min <= self.half_life_max:
+                raise ValueError("need 0 < half_life_min <= half_life_max")
+            if n_qk != self.n_heads or self.gate != "headnorm" or self.d_skip or self.v_times_dt:
+                raise ValueError("the gla mixer has one q-k head per value head, the headnorm gate, no D skip and no dt")
+        elif self.gate == "headnorm":
+            raise ValueError("the ssd mixer takes gate 'silu' or 'rmsnorm'")
+        if self.gate == "rmsnorm" and (self.n_heads * self.head_v_dim) % self.norm_groups:
+            raise ValueError(f"norm_groups ({self.norm_groups}) must divide the inner width {self.n_heads * self.head_v_dim}")
+        object.__setattr__(self, "key_dim", n_qk * self.head_k_dim)
         object.__setattr__(self, "value_dim", self.n_heads * self.head_v_dim)
+        conv_dim = self.d_model if self.mixer == "gla" else self.value_dim + 2 * self.key_dim
+        object.__setattr__(self, "conv_dim", conv_dim)
 
     # ---- derived quantities -------------------------------------------------------------
 
+    @property
+    def qk_heads(self) -> int:
+        return self.n_qk_heads or self.n_heads
+
+    def architecture(self) -> str:
+        """A short id of everything that decides the state's meaning (recorded in each
+        saved state, so a state from another architecture is refused by name)."""
+        c = self
+        parts = [c.mixer, f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}x{c.head_v_dim}", f"G{c.qk_heads}", f"conv{c.conv_dim}x{c.conv_size}"]
+        if c.mixer == "ssd":
+            parts.append("vdt" if c.v_times_dt else "v")
+        return "/".join(parts)
+
     def half_lives(self) -> list[float]:
-        """Initial half-life in tokens of each head, geometric from min to max."""
+        """Initial half-life in tokens of each head, geometric from min to max (gla mixer;
+        an ssd mixer's decays have no schedule, so it has none)."""
+        if self.mixer != "gla":
+            return []
         if self.n_heads == 1:
             return [self.half_life_min]
         ratio = self.half_life_max / self.half_life_min
@@ -75,22 +135,36 @@ class LaplaceConfig:
         """Bias per head so that logsigmoid(b) / normalizer = -ln2 / half_life at init."""
         return [-math.log(math.expm1(self.gate_normalizer * math.log(2.0) / h)) for h in self.half_lives()]
 
+    def in_proj_dim(self) -> int:
+        """Rows of the ssd in_proj: z, x, B, C and the decay input a (one per value head)."""
+        return 2 * self.value_dim + 2 * self.key_dim + self.n_heads
+
     def muon_parameters_per_layer(self) -> int:
-        """2-D block matrices: q, k, v, output gate, o and the three GLU matrices."""
+        """2-D block matrices: q, k, v, output gate, o (or in_proj, out_proj) and the GLU."""
         d = self.d_model
-        return 2 * d * self.key_dim + 3 * d * self.value_dim + 3 * d * self.ffn_dim
+        glu = 3 * d * self.ffn_dim
+        if self.mixer == "ssd":
+            return d * self.in_proj_dim() + self.value_dim * d + glu
+        return 2 * d * self.key_dim + 3 * d * self.value_dim + glu
 
     def adamw_parameters_per_layer(self) -> int:
-        """Two pre-norms, the depthwise conv, the grouped decay gate and the head norm."""
+        """Pre-norms, the depthwise conv, the decay gate, head norm / gate, biases, D."""
         d = self.d_model
+        norms = d + (d if self.ffn_dim else 0)
+        conv = self.conv_dim * self.conv_size + (self.conv_dim if self.conv_bias else 0)
+        if self.mixer == "ssd":
+            bias = self.in_proj_dim() + d if self.proj_bias else 0
+            skip = self.n_heads if self.d_skip else 0
+            return norms + conv + bias + 2 * self.n_heads + skip + self.value_dim  # A_log, dt_bias, D, z_bias/norm
         gate = self.n_heads * (d // self.n_heads) + self.n_heads
-        return 2 * d + d * self.conv_size + gate + self.head_v_dim
+        return norms + conv + gate + self.head_v_dim
 
     def muon_parameters(self) -> int:
         return self.n_layers * self.muon_parameters_per_layer()
 
     def adamw_parameters(self) -> int:
-        return self.n_layers * self.adamw_parameters_per_layer() + 2 * self.vocab_size * self.d_model + self.d_model
+        heads = 1 if self.tie_embeddings else 2
+        return self.n_layers * self.adamw_parameters_per_layer() + heads * self.vocab_size * self.d_model + self.d_model
 
     def parameters(self) -> int:
         return self.muon_parameters() + self.adamw_parameters()
@@ -98,7 +172,7 @@ class LaplaceConfig:
     def state_bytes(self, batch: int = 1) -> int:
         """fp32 recurrent state: per layer the GLA matrices plus the conv cache."""
         gla = self.n_layers * self.n_heads * self.head_k_dim * self.head_v_dim * 4
-        conv = self.n_layers * self.d_model * self.conv_size * 4
+        conv = self.n_layers * self.conv_dim * self.conv_size * 4
         return batch * (gla + conv)
 
     def kv_cache_bytes(self, tokens: int, bytes_per_value: int = 2) -> int:
@@ -108,7 +182,17 @@ class LaplaceConfig:
     # ---- (de)serialization --------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        """The init fields; architecture switches left at their defaults are omitted, so a
+        Laplace model's config.json (and so its fingerprint) is the same as before they existed."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if f.name in _SWITCHES and value == f.default:
+                continue
+            out[f.name] = value
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2)
@@ -123,6 +207,12 @@ class LaplaceConfig:
 
     def replace(self, **changes: Any) -> "LaplaceConfig":
         return dataclasses.replace(self, **changes)
+
+
+_SWITCHES = frozenset(
+    ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
+     "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps")
+)
 
 
 PRESETS: dict[str, LaplaceConfig] = {

@@ -7,7 +7,7 @@ Shapes (the paper's notation):
 Recurrent form (the definition; `gla_naive` and `gla_step` implement it):
 
     S_t = exp(g_t) * S_(t-1) + k_t^T v_t
-    o_t = (scale * q_t) S_t,     scale = K ** -0.5
+    o_t = (scale * q_t) S_t,     scale = K ** -0.5 unless given (Mamba-2 models use 1.0)
 
 Chunked form (`gla_chunked`; prefill and training): within a chunk of C tokens let b be the
 cumulative sum of g restarted at the chunk, b_L its last value. Then
@@ -48,10 +48,12 @@ def _initial(initial_state: Tensor | None, B: int, H: int, K: int, V: int, devic
     return initial_state.float()
 
 
-def gla_naive(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def gla_naive(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
     """The deliberately slow reference: one token at a time, straight from the definition."""
     B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
-    scale = K**-0.5
+    scale = K**-0.5 if scale is None else scale
     S = _initial(initial_state, B, H, K, V, q.device)
     qf, kf, vf, gf = q.float(), k.float(), v.float(), g.float()
     outs = []
@@ -62,7 +64,9 @@ def gla_naive(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor 
     return o.to(v.dtype), S
 
 
-def gla_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def gla_step(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
     """One decode step (T == 1) of the recurrent form; same signature as the others."""
     B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
     if T != 1:
@@ -70,12 +74,13 @@ def gla_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor |
     S = _initial(initial_state, B, H, K, V, q.device)
     q1, k1, v1 = q[:, 0].float(), k[:, 0].float(), v[:, 0].float()
     S = g[:, 0, :, None, None].float().exp() * S + k1[..., :, None] * v1[..., None, :]
-    o = torch.einsum("bhk,bhkv->bhv", q1 * K**-0.5, S)
+    o = torch.einsum("bhk,bhkv->bhv", q1 * (K**-0.5 if scale is None else scale), S)
     return o[:, None].to(v.dtype), S
 
 
 def gla_chunked(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, chunk_size: int = 128
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, chunk_size: int = 128,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked form. T need not be a multiple of `chunk_size`: the tail is padded with
     k = v = 0 and g = 0 (no write, no decay), which leaves the state exactly unchanged.
@@ -85,7 +90,7 @@ def gla_chunked(
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
     # [B, T, H, D] -> [B, H, T, D] in fp32.
-    qf = q.float().transpose(1, 2) * K**-0.5
+    qf = q.float().transpose(1, 2) * (K**-0.5 if scale is None else scale)
     kf = k.float().transpose(1, 2)
     vf = v.float().transpose(1, 2)
     gf = g.float().transpose(1, 2)

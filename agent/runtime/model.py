@@ -1,5 +1,8 @@
 """The Laplace model: a pure Simple-GLA decoder. This file holds the math only.
 
+Each block's token mixer is the Laplace GLA mixer (below) or the Mamba-2 family's
+(`ssd.py`, for imported checkpoints); both run the same kernel and keep the same state.
+
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.
 Sampling, stopping and streaming live in `generation.py`.
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.gla import gla_chunked, gla_step
+from agent.runtime.ssd import ShortConv, SSDMixer, conv_activation, mask_padding, run_gla
 from agent.runtime.state import RecurrentState
 
 
@@ -30,31 +33,6 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-class ShortConv(nn.Module):
-    """Causal depthwise Conv1d of width W over d_model channels, with a W-slot cache.
-
-    The cache holds the last W inputs; the conv reads the last W - 1 of them plus the new
-    token (the oldest slot is kept so the state matches the published 4-slot layout)."""
-
-    def __init__(self, dim: int, width: int) -> None:
-        super().__init__()
-        self.width = width
-        self.weight = nn.Parameter(torch.empty(dim, width))
-
-    def forward(self, x: Tensor, cache: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
-        # x: [B, T, D]; cache: [B, D, W] fp32; lengths: [B] valid tokens per row or None.
-        B, T, D = x.shape
-        W = self.width
-        ext = torch.cat([cache.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, D, W + T]
-        y = F.conv1d(ext[:, :, 1:], self.weight.to(x.dtype)[:, None, :], groups=D)  # [B, D, T]
-        if lengths is None:
-            new_cache = ext[:, :, T:]
-        else:  # the last W *valid* inputs of each row: ext positions [n, n + W)
-            idx = (lengths.view(B, 1, 1) + torch.arange(W, device=x.device).view(1, 1, W)).expand(B, D, W)
-            new_cache = ext.gather(2, idx)
-        return y.transpose(1, 2), new_cache.float()
-
-
 class GLAAttention(nn.Module):
     """conv + SiLU -> q, k, v and a per-head scalar decay -> Simple GLA -> head norm -> gate -> o."""
 
@@ -62,7 +40,7 @@ class GLAAttention(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.conv = ShortConv(c.d_model, c.conv_size)
+        self.conv = ShortConv(c.d_model, c.conv_size, bias=c.conv_bias)
         self.q_proj = nn.Linear(c.d_model, c.key_dim, bias=False)
         self.k_proj = nn.Linear(c.d_model, c.key_dim, bias=False)
         self.v_proj = nn.Linear(c.d_model, c.value_dim, bias=False)
@@ -72,6 +50,7 @@ class GLAAttention(nn.Module):
         self.decay_weight = nn.Parameter(torch.zeros(c.n_heads, c.d_model // c.n_heads))
         self.decay_bias = nn.Parameter(torch.zeros(c.n_heads))
         self.head_norm = RMSNorm(c.head_v_dim, c.norm_eps)
+        self.decay_tap = nn.Identity()  # g passes through it, so probes can hook the decays
 
     def log_decay(self, c: Tensor) -> Tensor:
         """g = logsigmoid(w x + b) / normalizer, per head: [B, T, D] -> [B, T, H] fp32."""
@@ -80,25 +59,23 @@ class GLAAttention(nn.Module):
         pre = torch.einsum("bthd,hd->bth", c.float().view(B, T, H, -1), self.decay_weight.float())
         return F.logsigmoid(pre + self.decay_bias.float()) / self.config.gate_normalizer
 
+    def resting_log_decay(self) -> Tensor:
+        """g per head with the input term left out: [H]."""
+        return F.logsigmoid(self.decay_bias.detach().float()) / self.config.gate_normalizer
+
     def forward(
         self, x: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         cfg = self.config
         B, T, _ = x.shape
         c, conv_state = self.conv(x, conv_state, lengths)
-        c = F.silu(c)
+        c = conv_activation(cfg, c)
         q = self.q_proj(c).view(B, T, cfg.n_heads, cfg.head_k_dim)
         k = self.k_proj(c).view(B, T, cfg.n_heads, cfg.head_k_dim)
         v = self.v_proj(c).view(B, T, cfg.n_heads, cfg.head_v_dim)
-        g = self.log_decay(c)
-        if lengths is not None:  # padded positions: no write (k = 0) and no decay (g = 0)
-            valid = torch.arange(T, device=x.device)[None, :] < lengths[:, None]  # [B, T]
-            k = k * valid[:, :, None, None].to(k.dtype)
-            g = g * valid[:, :, None].to(g.dtype)
-        if T == 1:
-            o, gla_state = gla_step(q, k, v, g, gla_state)
-        else:
-            o, gla_state = gla_chunked(q, k, v, g, gla_state, cfg.chunk_size)
+        g = self.decay_tap(self.log_decay(c))
+        k, g = mask_padding(k, g, lengths)
+        o, gla_state = run_gla(cfg, q, k, v, g, gla_state)
         o = self.head_norm(o).reshape(B, T, cfg.value_dim)
         o = o * F.silu(self.gate_proj(x))
         return self.o_proj(o), gla_state, conv_state
@@ -116,17 +93,20 @@ class GLU(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-norm residual block: the token mixer, then (unless ffn_dim is 0) a GLU."""
+
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = GLAAttention(config)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = GLU(config)
+        self.attn = GLAAttention(config) if config.mixer == "gla" else SSDMixer(config)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps) if config.ffn_dim else None
+        self.ffn = GLU(config) if config.ffn_dim else None
 
     def forward(self, x: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         a, gla_state, conv_state = self.attn(self.attn_norm(x), gla_state, conv_state, lengths)
         x = x + a
-        x = x + self.ffn(self.ffn_norm(x))
+        if self.ffn is not None:
+            x = x + self.ffn(self.ffn_norm(x))
         return x, gla_state, conv_state
 
 
@@ -136,8 +116,9 @@ class LaplaceModel(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.norm = RMSNorm(config.d_model, config.norm_eps if config.final_norm_eps is None else config.final_norm_eps)
+        # Tied embeddings (Mamba-2 checkpoints): the LM head reads the input embedding.
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> "LaplaceModel":
@@ -152,20 +133,34 @@ class LaplaceModel(nn.Module):
             p.copy_(torch.randn(p.shape, generator=gen) * s)
 
         normal_(self.embed.weight, std)
-        normal_(self.lm_head.weight, std)
+        if self.lm_head is not None:
+            normal_(self.lm_head.weight, std)
         self.norm.weight.fill_(1.0)
-        biases = torch.tensor(c.gate_biases())
+        out_std = std / math.sqrt(2 * c.n_layers)
         for block in self.blocks:
-            a = block.attn
-            for lin in (a.q_proj, a.k_proj, a.v_proj, a.gate_proj, block.ffn.w1, block.ffn.w3):
+            a, ffn = block.attn, block.ffn
+            glu = (ffn.w1, ffn.w3) if ffn is not None else ()
+            for norm in (block.attn_norm, block.ffn_norm):
+                if norm is not None:
+                    norm.weight.fill_(1.0)
+            if isinstance(a, SSDMixer):
+                for lin in glu:
+                    normal_(lin.weight, std)
+                if ffn is not None:
+                    normal_(ffn.w2.weight, out_std)
+                a.init_weights(gen, std, out_std)
+                continue
+            # The order of draws is the one the bundled model's recipe was trained from.
+            for lin in (a.q_proj, a.k_proj, a.v_proj, a.gate_proj, *glu):
                 normal_(lin.weight, std)
-            for lin in (a.o_proj, block.ffn.w2):
-                normal_(lin.weight, std / math.sqrt(2 * c.n_layers))
+            for lin in (a.o_proj, *((ffn.w2,) if ffn is not None else ())):
+                normal_(lin.weight, out_std)
             normal_(a.conv.weight, 1.0 / math.sqrt(c.conv_size))
+            if a.conv.bias is not None:
+                a.conv.bias.zero_()
             a.decay_weight.zero_()
-            a.decay_bias.copy_(biases)
-            for norm in (block.attn_norm, block.ffn_norm, a.head_norm):
-                norm.weight.fill_(1.0)
+            a.decay_bias.copy_(torch.tensor(c.gate_biases()))
+            a.head_norm.weight.fill_(1.0)
         return self
 
     def new_state(self, batch: int = 1) -> RecurrentState:
@@ -198,7 +193,8 @@ class LaplaceModel(nn.Module):
                 x = x[:, -1:]
             else:
                 x = x.gather(1, (lengths - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, x.shape[-1]))
-        logits = self.lm_head(self.norm(x))
+        h = self.norm(x)
+        logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed.weight.t()
         # Token counting is host-side bookkeeping; with padded rows the caller knows the count.
         n_tokens = state.n_tokens + (T if lengths is None else 0)
         new_state = RecurrentState(torch.stack(new_gla), torch.stack(new_conv), n_tokens)

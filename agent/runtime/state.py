@@ -1,7 +1,8 @@
 """`RecurrentState`: the fixed-size memory of a sequence, and its verifiable byte format.
 
 Per layer it holds the Simple-GLA matrices [B, H, K, V] and the depthwise conv cache
-[B, D, W] (the last W inputs to the conv), both fp32, stacked over layers. Its size does
+[B, C, W] (the last W inputs to the conv: C = d_model for the Laplace mixer, the x/B/C
+width for a Mamba-2 mixer), both fp32, stacked over layers. Its size does
 not depend on how many tokens were folded in.
 
 Serialized form: safetensors bytes with string metadata: format version, model fingerprint,
@@ -27,7 +28,7 @@ from agent.runtime.config import LaplaceConfig
 
 STATE_FORMAT = "laplace-state"
 STATE_FORMAT_VERSION = 1
-STATE_LAYOUT = "gla[L,B,H,K,V]+conv[L,B,D,W]"
+STATE_LAYOUT = "gla[L,B,H,K,V]+conv[L,B,D,W]"  # D: the conv's channels (conv_dim)
 
 
 class StateError(ValueError):
@@ -56,7 +57,7 @@ class RecurrentState:
         c = config
         return cls(
             gla=torch.zeros(c.n_layers, batch, c.n_heads, c.head_k_dim, c.head_v_dim, dtype=torch.float32, device=device),
-            conv=torch.zeros(c.n_layers, batch, c.d_model, c.conv_size, dtype=torch.float32, device=device),
+            conv=torch.zeros(c.n_layers, batch, c.conv_dim, c.conv_size, dtype=torch.float32, device=device),
         )
 
     @property
@@ -105,7 +106,7 @@ class RecurrentState:
     def check_shape(self, config: LaplaceConfig) -> None:
         c = config
         want_gla = (c.n_layers, c.n_heads, c.head_k_dim, c.head_v_dim)
-        want_conv = (c.n_layers, c.d_model, c.conv_size)
+        want_conv = (c.n_layers, c.conv_dim, c.conv_size)
         got_gla = (self.gla.shape[0], *self.gla.shape[2:])
         got_conv = (self.conv.shape[0], *self.conv.shape[2:])
         if got_gla != want_gla or got_conv != want_conv:
@@ -116,8 +117,9 @@ class RecurrentState:
 
     # ---- bytes --------------------------------------------------------------------------
 
-    def to_bytes(self, *, fingerprint: str, extra: dict[str, str] | None = None) -> bytes:
-        """Serialize (batch 1 or more) with a checksum over the exact tensor bytes."""
+    def to_bytes(self, *, fingerprint: str, extra: dict[str, str] | None = None, architecture: str | None = None) -> bytes:
+        """Serialize (batch 1 or more) with a checksum over the exact tensor bytes.
+        `architecture` (`LaplaceConfig.architecture()`) names what the state's numbers mean."""
         gla = self.gla.detach().to("cpu", torch.float32).contiguous()
         conv = self.conv.detach().to("cpu", torch.float32).contiguous()
         meta = {
@@ -130,6 +132,8 @@ class RecurrentState:
             "checksum": _checksum(gla, conv),
             "extra": json.dumps(extra or {}, sort_keys=True),
         }
+        if architecture is not None:
+            meta["architecture"] = architecture
         return _safetensors_bytes({"conv": conv, "gla": gla}, meta)
 
     @classmethod
@@ -152,6 +156,12 @@ class RecurrentState:
         gla, conv = tensors["gla"], tensors["conv"]
         if meta.get("checksum") != _checksum(gla, conv):
             raise StateCorruptError("state checksum mismatch: the bytes were altered; replay the transcript into a fresh state")
+        # States written before the architecture was recorded have no such key.
+        if config is not None and "architecture" in meta and meta["architecture"] != config.architecture():
+            raise StateModelMismatchError(
+                f"state was written by a {meta['architecture']} model, not this {config.architecture()} one; "
+                "load the original model, or replay the transcript into a fresh state for this one"
+            )
         if fingerprint is not None and meta.get("fingerprint") != fingerprint:
             raise StateModelMismatchError(
                 f"state was written by model {meta.get('fingerprint', '?')[:12]}, not the loaded model {fingerprint[:12]}; "
@@ -185,8 +195,8 @@ def read_state_metadata(data: bytes) -> dict[str, str]:
 
 
 def tensor_bytes(t: Tensor) -> bytes:
-    """The raw bytes of a tensor (moved to CPU and made contiguous first). numpy is not a
-    dependency, so this reads the memory through ctypes while `t` is alive, and copies."""
+    """The raw bytes of a tensor (moved to CPU and made contiguous first), read through
+    ctypes while `t` is alive, and copied (no detour through numpy)."""
     t = t.detach().to("cpu").contiguous()
     n = t.numel() * t.element_size()
     if n == 0:

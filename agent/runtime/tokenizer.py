@@ -41,6 +41,23 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def encode_markup(self, text: str) -> list[int]:
+        """Encode template text: special-token strings in it *are* special tokens (unlike
+        `encode`, which reads them as plain text so a user cannot forge them)."""
+        specials = sorted((t.content for t in self.hf.get_added_tokens_decoder().values() if t.special), key=len, reverse=True)
+        ids: list[int] = []
+        rest = text
+        while rest:
+            hits = [(rest.find(sp), sp) for sp in specials if sp and sp in rest]
+            if not hits:
+                ids += self.encode(rest)
+                break
+            at, sp = min(hits, key=lambda h: (h[0], -len(h[1])))
+            ids += self.encode(rest[:at]) if at else []
+            ids.append(self.token_id(sp))
+            rest = rest[at + len(sp):]
+        return ids
+
     def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
@@ -104,16 +121,29 @@ class ChatTemplate:
             indent=2, sort_keys=True,
         )
 
-    def message(self, tok: Tokenizer, role: str, content: str, *, first: bool = False) -> list[int]:
-        """Token ids of one whole message (the session's first message gets a BOS)."""
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(sorted(self.role_tokens))
+
+    def open_ids(self, tok: Tokenizer, role: str, *, first: bool = False) -> list[int]:
+        """Tokens before a message's content (the session's first message gets a BOS)."""
         if role not in self.role_tokens:
             raise ValueError(f"unknown role {role!r}; expected one of {sorted(self.role_tokens)}")
-        ids = [tok.token_id(self.bos_token)] if first else []
-        ids.append(tok.token_id(self.role_tokens[role]))
-        ids += tok.encode(content)
-        ids.append(tok.token_id(self.end_token))
-        ids += tok.encode(self.separator)
-        return ids
+        return ([tok.token_id(self.bos_token)] if first else []) + [tok.token_id(self.role_tokens[role])]
+
+    def close_ids(self, tok: Tokenizer, role: str) -> list[int]:
+        """Tokens after a message's content."""
+        return [tok.token_id(self.end_token), *tok.encode(self.separator)]
+
+    def bos_ids(self, tok: Tokenizer) -> list[int]:
+        try:
+            return [tok.token_id(self.bos_token)]
+        except KeyError:
+            return []
+
+    def message(self, tok: Tokenizer, role: str, content: str, *, first: bool = False) -> list[int]:
+        """Token ids of one whole message."""
+        return self.open_ids(tok, role, first=first) + tok.encode(content) + self.close_ids(tok, role)
 
     def reply_prefix(self, tok: Tokenizer) -> list[int]:
         """Tokens that open the assistant's turn; generation continues from here."""

@@ -123,32 +123,31 @@ def encode_chat(messages: Any, tok: Tokenizer, template: ChatTemplate) -> Docume
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"message {i} needs string 'role' and 'content'")
-        if m["role"] not in template.role_tokens:
-            raise ValueError(f"message {i} has unknown role {m['role']!r} (expected {', '.join(sorted(template.role_tokens))})")
+        if m["role"] not in template.roles:
+            raise ValueError(f"message {i} has unknown role {m['role']!r} (expected {', '.join(template.roles)})")
         if m.get("status", "complete") == "complete":
             kept.append(m)
     if not any(m["role"] == "assistant" for m in kept):
         raise ValueError("no complete assistant message to learn from")
     ids: list[int] = []
     train: list[bool] = []
-    sep_len = len(tok.encode(template.separator))
+    stops = set(template.stop_ids(tok))
     for i, m in enumerate(kept):
-        msg = template.message(tok, m["role"], m["content"], first=i == 0)
-        ids += msg
+        head = template.open_ids(tok, m["role"], first=i == 0)
+        body = tok.encode(m["content"])
+        tail = template.close_ids(tok, m["role"])
+        ids += head + body + tail
         if m["role"] == "assistant":
-            head = 1 + (1 if i == 0 else 0)  # [bos] + role token are given, not learned
-            train += [False] * head + [True] * (len(msg) - head - sep_len) + [False] * sep_len
+            # The opening is given, not learned; the closing is learned up to its stop token.
+            end = next((j + 1 for j, t in enumerate(tail) if t in stops), len(tail))
+            train += [False] * len(head) + [True] * (len(body) + end) + [False] * (len(tail) - end)
         else:
-            train += [False] * len(msg)
+            train += [False] * (len(head) + len(body) + len(tail))
     return Document(ids, train)
 
 
 def encode_text(text: str, tok: Tokenizer, template: ChatTemplate) -> Document:
-    try:
-        ids = [tok.token_id(template.bos_token)]
-    except KeyError:
-        ids = []
-    ids += tok.encode(text)
+    ids = template.bos_ids(tok) + tok.encode(text)
     return Document(ids, [True] * len(ids))
 
 

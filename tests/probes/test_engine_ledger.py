@@ -61,7 +61,7 @@ def test_ledger_recovers_the_configured_half_lives_on_an_untrained_model(tiny):
     assert led["slowest_retention"]["256"] == pytest.approx(0.5 ** (256 / max(want)), rel=1e-3)
     assert led["horizon"] == pytest.approx(max(want) * math.log2(1000), rel=1e-3)
     # Hooks are removed afterwards.
-    assert all(not b.attn.conv._forward_hooks for b in tiny.model.blocks)
+    assert all(not b.attn.decay_tap._forward_hooks for b in tiny.model.blocks)
 
 
 def test_counterfactual_self_test_holds_on_random_weights(random_tiny):

@@ -1,0 +1,173 @@
+"""The Mamba-2 mixer family (Llamba, Mamba2ForCausalLM) on the shared Simple-GLA kernel.
+
+A Mamba-2 layer is Simple GLA with a scalar decay per head written in other words. Per
+layer, with H value heads of width V, G q/k groups of width K (K = d_state):
+
+    z, xBC, a = in_proj(u)                       (one matrix; rows in that order)
+    x, B, C   = act(conv(xBC))                   (causal depthwise conv, width W)
+    dt        = softplus(a + dt_bias)            ([B, T, H]; clamped to [dt_min, dt_max])
+    g         = -exp(A_log) * dt                 (log-decay, <= 0)
+    k, q      = B, C of head h's group           (group h // (H / G); no 1/sqrt(K) scale)
+    v         = x * dt  (Mamba-2)  or  x  (Llamba's discrete form)
+    o, S      = gla(q, k, v, g, S)               (the same kernel as the Laplace mixer)
+    y         = o + D * x
+    out       = out_proj(y * silu(z + z_bias))                (gate "silu": Llamba)
+             or out_proj(rmsnorm_groups(y * silu(z)) * w)     (gate "rmsnorm": Mamba-2)
+
+Llamba is this with A_log = 0 and dt_bias = 0 (its decay is -softplus(a)), which the
+importer writes explicitly, so there is one decay formula for the whole family.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from agent.runtime.config import LaplaceConfig
+from agent.runtime.gla import gla_chunked, gla_step
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise Conv1d of width W over `dim` channels, with a W-slot cache.
+
+    The cache holds the last W inputs; the conv reads the last W - 1 of them plus the new
+    token (the oldest slot is kept so the state matches the published 4-slot layout)."""
+
+    def __init__(self, dim: int, width: int, bias: bool = False) -> None:
+        super().__init__()
+        self.width = width
+        self.weight = nn.Parameter(torch.empty(dim, width))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: Tensor, cache: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+        # x: [B, T, D]; cache: [B, D, W] fp32; lengths: [B] valid tokens per row or None.
+        B, T, D = x.shape
+        W = self.width
+        ext = torch.cat([cache.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, D, W + T]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        y = F.conv1d(ext[:, :, 1:], self.weight.to(x.dtype)[:, None, :], bias, groups=D)  # [B, D, T]
+        if lengths is None:
+            new_cache = ext[:, :, T:]
+        else:  # the last W *valid* inputs of each row: ext positions [n, n + W)
+            idx = (lengths.view(B, 1, 1) + torch.arange(W, device=x.device).view(1, 1, W)).expand(B, D, W)
+            new_cache = ext.gather(2, idx)
+        return y.transpose(1, 2), new_cache.float()
+
+
+def conv_activation(config: LaplaceConfig, x: Tensor) -> Tensor:
+    return F.silu(x) if config.conv_activation == "silu" else x
+
+
+def mask_padding(k: Tensor, g: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Padded positions write nothing (k = 0) and decay nothing (g = 0): the state after a
+    padded row is exactly the state after its real tokens."""
+    if lengths is None:
+        return k, g
+    T = k.shape[1]
+    valid = torch.arange(T, device=k.device)[None, :] < lengths[:, None]  # [B, T]
+    return k * valid[:, :, None, None].to(k.dtype), g * valid[:, :, None].to(g.dtype)
+
+
+def run_gla(config: LaplaceConfig, q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One decode step or the chunked form, by length; the scale is the config's."""
+    scale = None if config.qk_scale else 1.0
+    if q.shape[1] == 1:
+        return gla_step(q, k, v, g, state, scale=scale)
+    return gla_chunked(q, k, v, g, state, config.chunk_size, scale=scale)
+
+
+class SSDMixer(nn.Module):
+    """See the module docstring. State in and out: gla [B, H, K, V], conv [B, conv_dim, W]."""
+
+    def __init__(self, config: LaplaceConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.in_proj = nn.Linear(c.d_model, c.in_proj_dim(), bias=c.proj_bias)
+        self.conv = ShortConv(c.conv_dim, c.conv_size, bias=c.conv_bias)
+        self.A_log = nn.Parameter(torch.zeros(c.n_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(c.n_heads))
+        self.D = nn.Parameter(torch.ones(c.n_heads)) if c.d_skip else None
+        # "silu" gate: a bias on z; "rmsnorm" gate: the norm's weight. Either is [value_dim].
+        if c.gate == "silu":
+            self.z_bias = nn.Parameter(torch.zeros(c.value_dim))
+        else:
+            self.norm_weight = nn.Parameter(torch.ones(c.value_dim))
+        self.out_proj = nn.Linear(c.value_dim, c.d_model, bias=c.proj_bias)
+        self.decay_tap = nn.Identity()  # g passes through it, so probes can hook the decays
+
+    def log_decay(self, a: Tensor) -> Tensor:
+        """g = -exp(A_log) * dt, dt = softplus(a + dt_bias) clamped: [B, T, H] fp32."""
+        c = self.config
+        dt = F.softplus(a.float() + self.dt_bias.float())
+        if c.dt_min > 0.0 or c.dt_max is not None:
+            dt = dt.clamp(min=c.dt_min, max=c.dt_max)
+        return -torch.exp(self.A_log.float()) * dt, dt
+
+    def resting_log_decay(self) -> Tensor:
+        """g per head at a = 0 (the decay input's resting value): [H]."""
+        return self.log_decay(torch.zeros(1, 1, self.config.n_heads, device=self.A_log.device))[0][0, 0]
+
+    def forward(
+        self, u: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        Bsz, T, _ = u.shape
+        H, G, K, V = c.n_heads, c.qk_heads, c.head_k_dim, c.head_v_dim
+        z, xbc, a = self.in_proj(u).split([c.value_dim, c.conv_dim, H], dim=-1)
+        xbc, conv_state = self.conv(xbc, conv_state, lengths)
+        xbc = conv_activation(c, xbc)
+        x, b, cq = xbc.split([c.value_dim, c.key_dim, c.key_dim], dim=-1)
+        x = x.reshape(Bsz, T, H, V)
+        # Each group's B and C serve H / G consecutive value heads.
+        k = b.reshape(Bsz, T, G, K).repeat_interleave(H // G, dim=2)
+        q = cq.reshape(Bsz, T, G, K).repeat_interleave(H // G, dim=2)
+        g, dt = self.log_decay(a)
+        g = self.decay_tap(g)
+        v = x * dt[..., None].to(x.dtype) if c.v_times_dt else x
+        k, g = mask_padding(k, g, lengths)
+        o, gla_state = run_gla(c, q, k, v, g, gla_state)
+        if self.D is not None:
+            o = o + x * self.D.to(x.dtype)[:, None]
+        y = o.reshape(Bsz, T, c.value_dim)
+        if c.gate == "silu":
+            y = y * F.silu(z + self.z_bias.to(z.dtype))
+        else:
+            y = gated_rmsnorm(y, z, self.norm_weight, c.norm_groups, c.norm_eps)
+        return self.out_proj(y), gla_state, conv_state
+
+    @torch.no_grad()
+    def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:
+        """Mamba-2's usual init: dt in [1e-3, 1e-1] log-uniform, A in [1, 16]."""
+        c = self.config
+        self.in_proj.weight.copy_(torch.randn(self.in_proj.weight.shape, generator=gen) * std)
+        self.out_proj.weight.copy_(torch.randn(self.out_proj.weight.shape, generator=gen) * out_std)
+        for lin in (self.in_proj, self.out_proj):
+            if lin.bias is not None:
+                lin.bias.zero_()
+        self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=gen) / math.sqrt(c.conv_size))
+        if self.conv.bias is not None:
+            self.conv.bias.zero_()
+        u = torch.rand(c.n_heads, generator=gen)
+        dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.A_log.copy_(torch.log(1 + 15 * torch.rand(c.n_heads, generator=gen)))
+        if self.D is not None:
+            self.D.fill_(1.0)
+        if c.gate == "silu":
+            self.z_bias.zero_()
+        else:
+            self.norm_weight.fill_(1.0)
+
+
+def gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float) -> Tensor:
+    """RMSNorm over `groups` equal slices of y * silu(z), then the weight (Mamba-2's
+    norm_before_gate=False form), computed in fp32."""
+    h = y.float() * F.silu(z.float())
+    *lead, width = h.shape
+    hg = h.view(*lead, groups, width // groups)
+    hg = hg * torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * hg.view(*lead, width)).to(y.dtype)
