@@ -99,12 +99,14 @@ def bench(
 
 
 def _register_subcommands() -> None:
-    from agent import cli_chat, cli_finetune, cli_probe, cli_sessions
+    from agent import cli_chat, cli_finetune, cli_models, cli_probe, cli_sessions
 
     cli_chat.register(app)
     app.add_typer(cli_sessions.app, name="sessions", help="Manage saved sessions.")
     app.add_typer(cli_probe.app, name="probe", help="Measure what a fixed state still remembers.")
     app.command("finetune")(cli_finetune.finetune_command)
+    app.command("pull")(cli_models.pull_command)
+    app.command("import")(cli_models.import_command)
 
 
 _register_subcommands()

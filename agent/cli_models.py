@@ -1,0 +1,114 @@
+"""`laplace pull` and `laplace import`: bring a public pretrained checkpoint in as a model.
+
+Both end in `$LAPLACE_HOME/models/NAME`, which `laplace chat -m NAME` (and probe, finetune,
+bench, info) then loads like any model directory. A failed pull or import leaves nothing
+under models/.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from agent.cli_errors import fail
+from agent.settings import Settings
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def _target(settings: Settings, name: str) -> Path:
+    if not NAME_RE.match(name):
+        raise fail(f"model name {name!r} is not usable as a directory name; use letters, digits, '.', '_' and '-'")
+    try:
+        settings.ensure_home()
+    except OSError as exc:
+        raise fail(f"cannot use LAPLACE_HOME {settings.home} ({exc.strerror or exc}); point LAPLACE_HOME at a writable directory")
+    out = settings.models_dir / name
+    if out.exists():
+        raise fail(f"a model named {name!r} already exists at {out}; choose another --name or remove it first")
+    return out
+
+
+def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str) -> object:
+    from agent.importers import CheckpointError, import_checkpoint
+
+    typer.echo(f"converting {label} ...", err=True)
+    try:
+        lm = import_checkpoint(src, out, name=out.name, tokenizer_dir=tokenizer, plain_template=plain, source_label=label)
+    except CheckpointError as exc:
+        raise fail(str(exc)) from None
+    c = lm.config
+    typer.echo(
+        f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {c.n_heads} heads of "
+        f"{c.head_k_dim} x {c.head_v_dim}, state {c.state_bytes():,} bytes, chat template {lm.card.get('chat_template')}"
+    )
+    typer.echo(f"chat with it: laplace chat -m {out.name}")
+    return lm
+
+
+def _self_check(lm: object) -> None:
+    from agent.importers.selfcheck import self_check
+
+    result = self_check(lm)  # type: ignore[arg-type]
+    typer.echo(f"self-check: perplexity {result.perplexity:,.1f} on {result.tokens} tokens of English (bar {result.bar:,.0f})")
+    typer.echo(f"self-check: greedy reply: {result.reply!r}")
+    if not result.ok:
+        raise fail(
+            f"self-check failed: perplexity {result.perplexity:,.1f} is near chance for {lm.config.vocab_size:,} tokens, "  # type: ignore[attr-defined]
+            "so the conversion is likely wrong (or the checkpoint is untrained); the model was kept, remove it with rm -r"
+        )
+    typer.echo("self-check: ok")
+
+
+def import_command(
+    path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba or Mamba2ForCausalLM)."),
+    out: str = typer.Option(..., "--out", "--name", help="Name of the new model under $LAPLACE_HOME/models."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Directory with tokenizer.json, if the checkpoint lacks one."),
+    plain_template: bool = typer.Option(False, "--plain-template", help="Ignore the checkpoint's chat template; use plain User:/Assistant: turns."),
+    check: bool = typer.Option(False, "--check", help="After importing, print perplexity on an English paragraph and a greedy reply."),
+) -> None:
+    """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
+    settings = Settings.from_env()
+    src = Path(path).expanduser()
+    if not src.is_dir():
+        raise fail(f"checkpoint directory {src} does not exist" + (" (it is a file; give its directory)" if src.exists() else ""))
+    target = _target(settings, out)
+    lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,
+                  label=str(src.resolve()))
+    if check:
+        _self_check(lm)
+
+
+def pull_command(
+    repo_id: str = typer.Argument(..., help="A Hub repo id, e.g. cartesia-ai/Llamba-1B."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the repo's name, lowercased)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Repo id to take tokenizer files from, if the model's repo has none."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit."),
+    plain_template: bool = typer.Option(False, "--plain-template", help="Ignore the checkpoint's chat template."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Print perplexity and a greedy reply after importing."),
+    keep_download: bool = typer.Option(False, "--keep-download", help="Keep the downloaded files after a successful import."),
+) -> None:
+    """Download a checkpoint from the Hugging Face Hub (resumable) and import it."""
+    from agent.importers.hub import TOKENIZER_FILES, download_dir, fetch
+    from agent.importers.source import CheckpointError
+
+    settings = Settings.from_env()
+    target = _target(settings, name or repo_id.rsplit("/", 1)[-1].lower())
+    downloads = settings.home / "downloads"
+    src = download_dir(downloads, repo_id)
+    tok_dir = download_dir(downloads, tokenizer) if tokenizer else None
+    try:
+        fetch(repo_id, src, revision=revision)
+        if tokenizer:
+            fetch(tokenizer, tok_dir, patterns=TOKENIZER_FILES)  # type: ignore[arg-type]
+    except CheckpointError as exc:
+        raise fail(f"{exc} (what was downloaded is kept in {downloads}; run the same pull again to resume)") from None
+    lm = _convert(src, target, tokenizer=tok_dir, plain=plain_template, label=repo_id)
+    if not keep_download:
+        shutil.rmtree(src, ignore_errors=True)
+    if check:
+        _self_check(lm)

@@ -1,0 +1,87 @@
+"""Import public pretrained checkpoints of the family into laplace model directories.
+
+`import_checkpoint(src, dest)` reads a Hugging Face checkpoint directory (Llamba or
+Mamba2ForCausalLM), maps its weights onto the `ssd` mixer, renders its chat template into
+a `SegmentTemplate`, checks that the result loads and runs, and only then moves it into
+place: a failure at any step leaves nothing at `dest`. Imports the runtime only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.importers.chat_format import describe, segment_template
+from agent.importers.families import detect, map_weights
+from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
+from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
+from agent.runtime.model import LaplaceModel
+from agent.runtime.tokenizer import Tokenizer
+
+__all__ = ["CheckpointError", "import_checkpoint", "inspect_checkpoint"]
+
+
+def inspect_checkpoint(src: str | Path) -> str:
+    """The family of a checkpoint directory ('llamba' | 'mamba2'), or CheckpointError."""
+    root = Path(src)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist" + (" (it is a file)" if root.exists() else ""))
+    return detect(read_json(root / "config.json"))
+
+
+def import_checkpoint(
+    src: str | Path, dest: str | Path, *, name: str, tokenizer_dir: str | Path | None = None,
+    plain_template: bool = False, source_label: str | None = None,
+) -> LoadedModel:
+    """Convert `src` into a model directory at `dest` (which must not exist yet)."""
+    root, out = Path(src), Path(dest)
+    if out.exists():
+        raise CheckpointError(f"{out} already exists; choose another --out name or remove it first")
+    family = inspect_checkpoint(root)
+    cfg = read_json(root / "config.json")
+    files = find_tokenizer(root, Path(tokenizer_dir) if tokenizer_dir else None)
+    try:
+        tok = Tokenizer.from_file(files.tokenizer_json)
+    except Exception as exc:  # tokenizers raises its own Exception type
+        raise CheckpointError(f"{files.tokenizer_json} is not a valid tokenizer ({exc}); download it again") from None
+    template = segment_template(files, tok, plain=plain_template)
+    config, tensors = map_weights(family, cfg, load_weights(root))
+    config = config.replace(name=name)
+    if tok.vocab_size > config.vocab_size:
+        raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.vocab_size}; this tokenizer belongs to another model")
+    model = _build(config, tensors)
+    card: dict[str, Any] = {"name": name, "family": family, "source": source_label or str(root.resolve()),
+                            "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""), **describe(template)}
+    loaded = LoadedModel(model, tok, template, name=name, card=card)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_model_dir(loaded, tmp)
+        check = load_model_dir(tmp)  # what a user will load: strict, or we fail here
+        template.check(check.tokenizer)
+        tmp.rename(out)
+        check.path = out
+    except (ModelLoadError, ValueError, KeyError, OSError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"the converted model does not load ({exc}); nothing was written") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return check
+
+
+def _build(config: Any, tensors: dict[str, torch.Tensor]) -> LaplaceModel:
+    """Our model with exactly these tensors (the weights keep their stored dtype)."""
+    with torch.device("meta"):
+        model = LaplaceModel(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [k for k in expected if k not in tensors or tuple(tensors[k].shape) != expected[k]]
+    if wrong or set(tensors) - set(expected):
+        k = (wrong or sorted(set(tensors) - set(expected)))[0]
+        raise CheckpointError(f"weight {k} does not fit the model config.json describes; the checkpoint is not a plain model of its family")
+    model.load_state_dict({k: v.contiguous() for k, v in tensors.items()}, strict=True, assign=True)
+    return model.eval()
