@@ -124,18 +124,22 @@ def map_weights(family: str, cfg: dict[str, Any], tensors: dict[str, torch.Tenso
     reorder: Callable[[torch.Tensor], torch.Tensor] = (lambda w: _rows_llamba_to_canonical(w, c)) if family == "llamba" else (lambda w: w)
     for i in range(c.n_layers):
         p, q = pre.format(i=i), f"blocks.{i}."
-        get = lambda name: take(src, p + name)  # noqa: E731 - a local shorthand
-        out[q + "attn_norm.weight"] = expect_shape(p + layer_norms[0], get(layer_norms[0] + ".weight"), (c.d_model,))
-        out[q + "attn.in_proj.weight"] = reorder(expect_shape(p + "in_proj", get(mix + "in_proj.weight"), (c.in_proj_dim(), c.d_model)))
+
+        def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+            t = take(src, p + name)
+            return t if shape is None else expect_shape(p + name, t, shape)
+
+        out[q + "attn_norm.weight"] = get(layer_norms[0] + ".weight", (c.d_model,))
+        out[q + "attn.in_proj.weight"] = reorder(get(mix + "in_proj.weight", (c.in_proj_dim(), c.d_model)))
         if c.proj_bias:
             out[q + "attn.in_proj.bias"] = reorder(get(mix + "in_proj.bias"))
             out[q + "attn.out_proj.bias"] = get(mix + "out_proj.bias")
-        conv = expect_shape(p + "conv1d", get(mix + "conv1d.weight"), (c.conv_dim, 1, c.conv_size))
+        conv = get(mix + "conv1d.weight", (c.conv_dim, 1, c.conv_size))
         out[q + "attn.conv.weight"] = conv[:, 0, :]
         if c.conv_bias:
             out[q + "attn.conv.bias"] = get(mix + "conv1d.bias")
-        out[q + "attn.D"] = expect_shape(p + "D", get(mix + "D"), (c.n_heads,))
-        out[q + "attn.out_proj.weight"] = expect_shape(p + "out_proj", get(mix + "out_proj.weight"), (c.d_model, c.value_dim))
+        out[q + "attn.D"] = get(mix + "D", (c.n_heads,))
+        out[q + "attn.out_proj.weight"] = get(mix + "out_proj.weight", (c.d_model, c.value_dim))
         if family == "llamba":
             zeros = torch.zeros(c.n_heads, dtype=torch.float32)
             out[q + "attn.A_log"], out[q + "attn.dt_bias"] = zeros, zeros.clone()  # decay = -softplus(a)

@@ -61,10 +61,7 @@ class PromptBuilder:
         if style not in STYLES:
             raise ValueError(f"unknown prompt style {style!r}; expected completion or chat")
         self.tok, self.template, self.style = tok, template, style
-        try:
-            self.bos = [tok.token_id(template.bos_token)]
-        except KeyError:  # a tokenizer without a BOS token: start the stream bare
-            self.bos = []
+        self.bos = template.bos_ids(tok)  # empty for a tokenizer without a BOS token: the stream starts bare
 
     def statement(self, body: str) -> list[int]:
         if self.style == "chat":
