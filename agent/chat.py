@@ -161,7 +161,7 @@ class ChatService(SessionBrowsing):
             state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.fingerprint, device=self.runner.device)
         except (StateError, RuntimeStateError) as exc:
             hint = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else \
-                " (if the session was started with --initial-state, pass the same file again)"
+                " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
             raise StateUnusableError(f"{exc}{hint}") from None
         state.n_tokens = snap.n_tokens
         if turn.tokens_total > snap.n_tokens:

@@ -62,7 +62,8 @@ def info(
         f"parameters   {data['parameters'] / 1e9:.3f} B  ({data['parameters']:,}; Muon {data['muon_parameters']:,}, AdamW {data['adamw_parameters']:,})",
         f"state        {data['state_bytes']:,} bytes per sequence ({_human_bytes(data['state_bytes'])}), at any context length",
         f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({_human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
-        f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init",
+        f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init" if data["half_lives"]
+        else "half-lives   set by the input (a Mamba-2 mixer has no schedule); laplace probe measures them",
         f"device       {data['device']}",
     ]
     if data.get("fingerprint"):
@@ -78,6 +79,7 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -95,6 +97,14 @@ def bench(
     unknown = [n for n in chosen if n not in benches]
     if unknown:
         raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
+    if model is not None:
+        if chosen != ["cpu1b"]:
+            raise fail("-m applies to the cpu1b benchmark only: laplace bench cpu1b -m MODEL")
+        from functools import partial
+
+        from agent.bench.cpu1b import bench_cpu1b
+
+        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(Settings.from_env().models_dir))
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
 
 

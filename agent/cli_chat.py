@@ -83,6 +83,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     from agent.chat_types import ChatError, StateUnusableError
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
+    from agent.runtime.quant import QUANT_MODES, quantize_loaded
     from agent.runtime.sampling import SamplingOptions
     from sessions import SessionError, SessionStore
 
@@ -114,7 +115,11 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
         model_id = spec if named else str(path.resolve())
         try:
             dev = resolve_device(device if device != "auto" else settings.device)
-            lm = load_model(spec, device=dev, dtype=parse_dtype(settings.dtype), models_dir=settings.models_dir)
+            # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
+            quant = settings.dtype if settings.dtype in QUANT_MODES else None
+            lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
+            if quant:
+                quantize_loaded(lm, quant)
         except ModelLoadError as exc:
             hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
             raise _fail(f"{exc}{hint}") from None

@@ -50,6 +50,6 @@ def test_info_bad_inputs_are_one_line_errors(tmp_path):
 
 def test_bench_lists_and_rejects_unknown_names():
     res = runner.invoke(app, ["bench", "--list"])
-    assert res.exit_code == 0 and {"kernel", "decode", "batch", "memory", "store", "train", "tui"} <= set(res.stdout.split())
+    assert res.exit_code == 0 and {"kernel", "decode", "batch", "memory", "store", "train", "tui", "cpu1b"} <= set(res.stdout.split())
     res = runner.invoke(app, ["bench", "warp-drive"])
     assert res.exit_code == 1 and "unknown benchmark warp-drive" in res.stderr

@@ -54,4 +54,10 @@ def registry() -> dict[str, BenchFn]:
 
         return run_tui_bench(quick)
 
-    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui}
+    def cpu1b(quick: bool) -> dict[str, Any]:
+        from agent.bench.cpu1b import bench_cpu1b
+
+        return bench_cpu1b(quick)
+
+    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui,
+            "cpu1b": cpu1b}

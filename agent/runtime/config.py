@@ -231,6 +231,14 @@ PRESETS: dict[str, LaplaceConfig] = {
         name="laplace-small", vocab_size=4096, d_model=256, n_layers=6, n_heads=8,
         head_k_dim=32, head_v_dim=64, ffn_dim=768, half_life_max=1024.0,
     ),
+    # The imported family at 1B: Llama-3.2-1B widths on the Mamba-2 mixer (as Llamba-1B is
+    # built). A shape for `laplace info` and `laplace bench cpu1b`; an import reads the real
+    # checkpoint's own config.json.
+    "ssd-1b": LaplaceConfig(
+        name="ssd-1b", vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, head_k_dim=64, head_v_dim=64,
+        ffn_dim=8192, mixer="ssd", qk_scale=False, d_skip=True, gate="silu", conv_activation="identity",
+        conv_bias=True, norm_eps=1e-5,
+    ),
     # Tests: byte-level vocabulary, tiny widths, still several heads and a real schedule.
     "tiny": LaplaceConfig(
         name="tiny", vocab_size=264, d_model=64, n_layers=2, n_heads=4,

@@ -71,4 +71,4 @@ def parse_dtype(name: str) -> torch.dtype:
     try:
         return table[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; choose float32 or bfloat16") from None
+        raise ValueError(f"unknown dtype {name!r}; choose float32, bfloat16 or (CPU inference) int8") from None

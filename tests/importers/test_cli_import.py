@@ -57,6 +57,12 @@ def test_import_then_ask_probe_info_finetune(ckpt, tmp_path) -> None:
     report = json.loads((tmp_path / "p.json").read_text())
     assert report["cells"] and report["state_metrics"]["resume"]["passed"] is True
 
+    res = laplace("bench", "cpu1b", "-m", "lb", "--out", str(tmp_path / "b.json"))
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "b.json").read_text())["results"]["cpu1b"]["rows"]
+    assert [r["weights"] for r in rows] == ["fp32", "int8"] and all(r["tokens_per_s"] > 0 for r in rows)
+    assert laplace("bench", "decode", "-m", "lb").exit_code == 1
+
     data = tmp_path / "d.txt"
     data.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     res = laplace("finetune", str(data), "-m", "lb", "--out", str(tmp_path / "ft"), "--steps", "2", "--seq-len", "32",

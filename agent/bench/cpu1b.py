@@ -1,0 +1,86 @@
+"""Decode speed and memory of a 1B-shaped imported-family model on the CPU: fp32 vs int8.
+
+The model is the `ssd-1b` preset (Llama-3.2-1B widths on the Mamba-2 mixer, as Llamba-1B
+is built), randomly initialized: speed and memory do not depend on the values; or, with
+`laplace bench cpu1b -m NAME`, a model directory such as an imported checkpoint. fp32 is
+the baseline (bf16 weights are upcast to it at load; bf16 matmuls are far slower on this
+class of CPU). Each mode runs in its own child process so its memory is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+CHILD = r"""
+import json, sys, time, torch
+from agent.runtime.config import PRESETS
+from agent.runtime.generation import EagerRunner
+from agent.runtime.model import build_model
+
+def kb(field):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field)).split()[1])
+
+mode, quick, spec, models_dir = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+if spec == "ssd-1b":
+    config = PRESETS["ssd-1b"]
+    if quick:
+        config = config.replace(n_layers=4, vocab_size=32000)
+    model = build_model(config, seed=0).eval()
+else:
+    from pathlib import Path
+    from agent.runtime.checkpoint import load_model
+    model = load_model(spec, models_dir=Path(models_dir)).model
+    config = model.config
+params = sum(p.numel() for p in model.parameters())
+if mode == "int8":
+    from agent.runtime.quant import quantize_int8_
+    quantize_int8_(model)
+import gc; gc.collect()
+resident = kb("VmRSS")
+runner = EagerRunner(model, segment_len=config.chunk_size)
+ids = torch.randint(0, config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+with torch.inference_mode():
+    logits, state = runner.prefill(ids)
+    times = []
+    token = torch.tensor([int(logits.argmax())])
+    for _ in range(8 if quick else 24):
+        t = time.perf_counter()
+        logits, state = runner.step(token, state)
+        times.append(time.perf_counter() - t)
+        token = logits.argmax(-1)
+times = sorted(times[2:])  # the first steps warm caches and allocators
+print(json.dumps({"params": params, "resident_kb": resident, "peak_kb": kb("VmHWM"),
+                  "ms_per_token": 1000 * times[len(times) // 2], "state_bytes": state.nbytes}))
+"""
+
+
+def _run(mode: str, quick: bool, model: str, models_dir: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, "1" if quick else "0", model, models_dir],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the {mode} run failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_cpu1b(quick: bool, model: str = "ssd-1b", models_dir: str = "") -> dict[str, Any]:
+    rows = []
+    for mode in ("fp32", "int8"):
+        r = _run(mode, quick, model, models_dir)
+        rows.append({"weights": mode, "params": r["params"], "ms_per_token": round(r["ms_per_token"], 1),
+                     "tokens_per_s": round(1000 / r["ms_per_token"], 2), "resident_MB": round(r["resident_kb"] / 1024),
+                     "peak_MB": round(r["peak_kb"] / 1024), "state_bytes": r["state_bytes"]})
+    fp32, int8 = rows
+    return {
+        "rows": rows,
+        "summary": {
+            "model": model if model != "ssd-1b" else
+            "ssd-1b, 4 layers and a 32k vocabulary (--quick)" if quick else "ssd-1b (16 layers, 128k vocabulary)",
+            "int8_speedup": round(fp32["ms_per_token"] / int8["ms_per_token"], 2),
+            "int8_resident_share": round(int8["resident_MB"] / fp32["resident_MB"], 2),
+            "state_bytes": fp32["state_bytes"],
+        },
+    }

@@ -1,0 +1,38 @@
+"""int8 weight-only inference: close to fp32, its own fingerprint, refused where it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent.runtime.checkpoint import load_model
+from agent.runtime.config import PRESETS
+from agent.runtime.model import build_model
+from agent.runtime.quant import quantize_int8_, quantize_loaded
+
+
+def test_int8_logits_stay_close_to_fp32() -> None:
+    config = PRESETS["ssd-1b"].replace(d_model=256, n_layers=2, n_heads=4, head_k_dim=16, head_v_dim=64, ffn_dim=512, vocab_size=512)
+    ref = build_model(config, seed=1).eval()
+    q = quantize_int8_(build_model(config, seed=1).eval())
+    assert not any(type(m) is torch.nn.Linear for m in q.modules())  # every Linear was replaced
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, _ = ref(ids)
+        b, _ = q(ids)
+    rel = ((a - b).norm() / a.norm()).item()
+    assert 0 < rel < 0.15  # changed (it really is int8), but only by quantization noise (a wrong matmul is ~1.4)
+
+
+def test_quantized_model_has_its_own_fingerprint() -> None:
+    fp32 = load_model("tiny")
+    q = quantize_loaded(load_model("tiny"), "int8")
+    assert q.fingerprint != fp32.fingerprint and len(q.fingerprint) == 64
+    assert q.card["weights"] == "int8"
+
+
+def test_unknown_mode_and_bf16_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown quantization"):
+        quantize_loaded(load_model("tiny"), "int4")
+    with pytest.raises(ValueError, match="fp32 models on the CPU"):
+        quantize_loaded(load_model("tiny", dtype=torch.bfloat16), "int8")
