@@ -23,7 +23,6 @@ from safetensors.torch import load_file, save_file
 
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.model import LaplaceModel, build_model
-from agent.runtime.state import tensor_bytes
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -65,7 +64,8 @@ def weights_digest(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(tensor_bytes(t))
+        # The same bytes as state.tensor_bytes(t), read in place: no copy of a multi-GB model.
+        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
     return h.hexdigest()
 
 
