@@ -25,6 +25,7 @@ import torch
 
 from agent.chat_browse import SessionBrowsing, guarded
 from agent.chat_docs import fold_document, read_document
+from agent.chat_recovery import fold_interrupted
 from agent.chat_types import (
     ChatError,
     ChatEvent,
@@ -145,6 +146,7 @@ class ChatService(SessionBrowsing):
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
             self.options = self.defaults.with_pairs((k, str(v)) for k, v in session.options.items())
+            fold_interrupted(self, session)
             self._state = self._load_state(session)
             return self._view(self.store.get_session(session.id))
 
@@ -364,6 +366,7 @@ class ChatService(SessionBrowsing):
             session = self._require()
             forked = self._guard(lambda: self.store.fork(session.id, at_turn))
             self._take(forked)
+            fold_interrupted(self, forked)
             self._state = self._load_state(forked)
             return self._view(forked)
 

@@ -1,0 +1,43 @@
+"""Recovery and integrity checks that `ChatService` runs when it takes a session.
+
+Split from `agent/chat.py` to keep that file to the turn loop. Two jobs:
+
+- `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
+  the lease) but was never folded into the state; fold its kept text now, so the promise
+  "the state has read exactly the stored text" holds after a crash too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent.chat_types import StateUnusableError
+from sessions import Session
+
+if TYPE_CHECKING:
+    from agent.chat import ChatService
+
+
+def fold_interrupted(service: "ChatService", session: Session) -> None:
+    """Fold the kept text of a reply that a crashed writer left streaming into the state.
+
+    Taking the lease marked such a reply cancelled with its flushed text but no token ids
+    (the writer died before committing them), so the state had not read it. It is the head
+    (nothing can be added after a streaming turn), so its ids can still be written: the
+    template around the kept text, committed with the state after it in one transaction. If
+    the state before it cannot be loaded, the ids alone are stored and `rebuild_state`
+    replays them with the rest of the branch.
+    """
+    store = service.store
+    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    if head.role != "assistant" or head.status not in ("cancelled", "error") or head.n_tokens:
+        return
+    tok, template = service.lm.tokenizer, service.lm.template
+    ids = [*template.reply_prefix(tok), *tok.encode(head.content), *template.reply_suffix(tok)]
+    blob = meta = None
+    try:
+        _, after = service.runner.prefill(ids, service._load_state(session, head.parent_id))
+        blob, meta = service._blob(after), service._meta(after)
+    except StateUnusableError:
+        pass
+    service._guard(lambda: store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta))
