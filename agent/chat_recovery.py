@@ -5,6 +5,9 @@ Split from `agent/chat.py` to keep that file to the turn loop. Two jobs:
 - `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
   the lease) but was never folded into the state; fold its kept text now, so the promise
   "the state has read exactly the stored text" holds after a crash too.
+- `check_token_chain`: the cheap integrity check on resume. The snapshot check compares
+  recorded hashes only; recomputing the chain from the stored ids (hashing, no replay)
+  also catches an earlier turn whose ids were edited in place.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.chat_types import StateUnusableError
-from sessions import Session
+from sessions import Session, SessionStore, StateError
 
 if TYPE_CHECKING:
     from agent.chat import ChatService
@@ -41,3 +44,12 @@ def fold_interrupted(service: "ChatService", session: Session) -> None:
     except StateUnusableError:
         pass
     service._guard(lambda: store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta))
+
+
+def check_token_chain(store: SessionStore, session: Session) -> None:
+    """Raise StateUnusableError (the way out: rebuild) if the stored token ids along the
+    head's branch do not give their recorded hash chain."""
+    try:
+        store.check_chain(session.id)
+    except StateError as exc:
+        raise StateUnusableError(str(exc)) from None

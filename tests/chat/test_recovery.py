@@ -4,8 +4,12 @@ refused on resume and repaired by a rebuild."""
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
 import torch
 
+from agent.chat_types import StateUnusableError
 from agent.runtime.state import RecurrentState
 
 from .test_chat_service import assert_state_matches_transcript, run
@@ -72,3 +76,36 @@ def test_an_interrupted_reply_is_folded_once(make_service):
     assert again.store.get_turn(reply_id).n_tokens == first.store.get_turn(reply_id).n_tokens
     assert isinstance(again._state_now(), RecurrentState)
     torch.testing.assert_close(again._state_now().gla, state.gla)
+
+
+def edit_token_ids(db_path, turn_id: int, ids: list[int]) -> None:
+    """Change a stored turn's token ids in place, leaving its recorded hashes as they were."""
+    from sessions import pack_ids
+
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE turns SET token_ids = ? WHERE id = ?", [pack_ids(ids), turn_id])
+    conn.commit()
+    conn.close()
+
+
+def test_resume_notices_an_edited_earlier_turn_and_rebuild_repairs_it(make_service, db_path):
+    svc = make_service()
+    uid = svc.new_session().uid
+    run(svc.send("my code is 48213"))
+    run(svc.send("and the weather?"))
+    first_user = svc.store.branch(uid)[1]
+    svc.close()
+    tok, tpl = svc.lm.tokenizer, svc.lm.template
+    edit_token_ids(db_path, first_user.id, tpl.message(tok, "user", "my code is 99999"))
+
+    other = make_service()
+    with pytest.raises(StateUnusableError) as err:
+        other.resume(uid)
+    msg = str(err.value)
+    assert f"turn {first_user.id}" in msg and "hash chain" in msg and "--rebuild-state" in msg and "\n" not in msg
+    run(other.rebuild_state())
+    assert_state_matches_transcript(other)  # the state read the ids as they are now stored
+    other.close()
+    again = make_service()
+    again.resume(uid)  # the chain was recomputed, so the next resume passes
+    assert_state_matches_transcript(again)
