@@ -25,7 +25,7 @@ import torch
 
 from agent.chat_browse import SessionBrowsing, guarded
 from agent.chat_docs import fold_document, read_document
-from agent.chat_recovery import check_token_chain, fold_interrupted
+from agent.chat_recovery import check_token_chain, fold_interrupted, prepare_rebuild
 from agent.chat_types import (
     ChatError,
     ChatEvent,
@@ -177,10 +177,7 @@ class ChatService(SessionBrowsing):
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
         with self._lock:
             session = self._require()
-            # Token ids edited under the recorded hash chain: the replay below reads the ids
-            # as stored, so the chain is recomputed from them and stale snapshots dropped.
-            self._guard(lambda: self.store.rechain(session.id))
-            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            head = prepare_rebuild(self, session)
             state, done = self._fresh_state(), 0
             for ids in self.store.branch_token_ids(session.id, head.id):
                 if cancel is not None and cancel.is_set():

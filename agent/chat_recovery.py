@@ -8,14 +8,16 @@ Split from `agent/chat.py` to keep that file to the turn loop. Two jobs:
 - `check_token_chain`: the cheap integrity check on resume. The snapshot check compares
   recorded hashes only; recomputing the chain from the stored ids (hashing, no replay)
   also catches an earlier turn whose ids were edited in place.
+- `prepare_rebuild`: before a replay, recompute the chain from the ids as stored and refuse
+  ids the model cannot read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.chat_types import StateUnusableError
-from sessions import Session, SessionStore, StateError
+from agent.chat_types import ChatError, StateUnusableError
+from sessions import Session, SessionStore, StateError, Turn
 
 if TYPE_CHECKING:
     from agent.chat import ChatService
@@ -53,3 +55,23 @@ def check_token_chain(store: SessionStore, session: Session) -> None:
         store.check_chain(session.id)
     except StateError as exc:
         raise StateUnusableError(str(exc)) from None
+
+
+def prepare_rebuild(service: "ChatService", session: Session) -> Turn:
+    """Ready the branch for a replay into a fresh state; returns its head.
+
+    The replay reads the token ids as stored, so the recorded chain is recomputed from them
+    (ids edited in place) and snapshots that no longer match are dropped. Ids outside the
+    model's vocabulary cannot be replayed at all: refused before any work, with the way to
+    keep the undamaged part.
+    """
+    store = service.store
+    service._guard(lambda: store.rechain(session.id))
+    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    vocab = service.lm.config.vocab_size
+    for turn in store.branch(session.id, head.id):
+        ids = store.turn_token_ids(turn.id)
+        if ids and not 0 <= min(ids) <= max(ids) < vocab:
+            raise ChatError(f"turn {turn.id} holds token ids this model does not have; keep the part before "
+                            f"it with `laplace sessions fork {session.uid[:8]} --at {turn.parent_id}`")
+    return head
