@@ -17,21 +17,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.chat_types import ChatError, StateUnusableError
-from sessions import Session, SessionStore, StateError, Turn
+from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, Turn
 
 if TYPE_CHECKING:
     from agent.chat import ChatService
 
 
-def fold_interrupted(service: "ChatService", session: Session) -> None:
+def fold_interrupted(service: "ChatService", session: Session, *, with_state: bool = True) -> None:
     """Fold the kept text of a reply that a crashed writer left streaming into the state.
 
     Taking the lease marked such a reply cancelled with its flushed text but no token ids
     (the writer died before committing them), so the state had not read it. It is the head
     (nothing can be added after a streaming turn), so its ids can still be written: the
-    template around the kept text, committed with the state after it in one transaction. If
-    the state before it cannot be loaded, the ids alone are stored and `rebuild_state`
-    replays them with the rest of the branch.
+    template around the kept text, committed with the state after it in one transaction.
+    If the state before it cannot be loaded (corrupt, or perhaps not the session's own
+    model, whose tokenizer must not write its ids) nothing is written: the rebuild offered
+    next calls this with `with_state=False`, storing the ids that it then replays.
     """
     store = service.store
     head = store.get_turn(store.get_session(session.id).head_turn_id)
@@ -40,12 +41,18 @@ def fold_interrupted(service: "ChatService", session: Session) -> None:
     tok, template = service.lm.tokenizer, service.lm.template
     ids = [*template.reply_prefix(tok), *tok.encode(head.content), *template.reply_suffix(tok)]
     blob = meta = None
-    try:
-        _, after = service.runner.prefill(ids, service._load_state(session, head.parent_id))
+    if with_state:
+        try:
+            _, after = service.runner.prefill(ids, service._load_state(session, head.parent_id))
+        except StateUnusableError:
+            return
         blob, meta = service._blob(after), service._meta(after)
-    except StateUnusableError:
-        pass
-    service._guard(lambda: store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta))
+    try:
+        store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta)
+    except InvalidTurnOperation:  # a state was stored after it before this fix: left unread
+        return
+    except SessionError as exc:
+        raise ChatError(str(exc)) from None
 
 
 def check_token_chain(store: SessionStore, session: Session) -> None:
@@ -67,6 +74,7 @@ def prepare_rebuild(service: "ChatService", session: Session) -> Turn:
     """
     store = service.store
     service._guard(lambda: store.rechain(session.id))
+    fold_interrupted(service, session, with_state=False)
     head = store.get_turn(store.get_session(session.id).head_turn_id)
     vocab = service.lm.config.vocab_size
     for turn in store.branch(session.id, head.id):

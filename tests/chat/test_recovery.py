@@ -109,3 +109,24 @@ def test_resume_notices_an_edited_earlier_turn_and_rebuild_repairs_it(make_servi
     again = make_service()
     again.resume(uid)  # the chain was recomputed, so the next resume passes
     assert_state_matches_transcript(again)
+
+
+def test_a_crashed_reply_over_an_unusable_state_is_folded_by_the_rebuild(make_service, db_path):
+    svc = make_service()
+    uid = svc.new_session().uid
+    run(svc.send("first"))
+    svc.close()
+    reply_id = crash_mid_reply(svc, uid, "cut off here")
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE snapshot_data SET data = substr(data, 1, 100)")
+    conn.commit()
+    conn.close()
+
+    other = make_service()
+    with pytest.raises(StateUnusableError, match="corrupt"):
+        other.resume(uid)
+    assert other.store.get_turn(reply_id).n_tokens == 0  # nothing written without a state to fold into
+    run(other.rebuild_state())
+    assert other.store.get_turn(reply_id).n_tokens > 0
+    assert other.store.latest_snapshot(uid).turn_id == reply_id
+    assert_state_matches_transcript(other)
