@@ -1,6 +1,6 @@
 """Recovery and integrity checks that `ChatService` runs when it takes a session.
 
-Split from `agent/chat.py` to keep that file to the turn loop. Two jobs:
+Split from `agent/chat.py` to keep that file to the turn loop. Three jobs:
 
 - `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
   the lease) but was never folded into the state; fold its kept text now, so the promise
@@ -8,8 +8,8 @@ Split from `agent/chat.py` to keep that file to the turn loop. Two jobs:
 - `check_token_chain`: the cheap integrity check on resume. The snapshot check compares
   recorded hashes only; recomputing the chain from the stored ids (hashing, no replay)
   also catches an earlier turn whose ids were edited in place.
-- `prepare_rebuild`: before a replay, recompute the chain from the ids as stored and refuse
-  ids the model cannot read.
+- `prepare_rebuild`: before a replay, recompute the chain from the ids as stored, give an
+  interrupted reply its ids, and refuse ids the model cannot read.
 """
 
 from __future__ import annotations
