@@ -25,6 +25,7 @@ import torch
 
 from agent.chat_browse import SessionBrowsing, guarded
 from agent.chat_docs import fold_document, read_document
+from agent.chat_recovery import check_token_chain, fold_interrupted, prepare_rebuild
 from agent.chat_types import (
     ChatError,
     ChatEvent,
@@ -145,6 +146,8 @@ class ChatService(SessionBrowsing):
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
             self.options = self.defaults.with_pairs((k, str(v)) for k, v in session.options.items())
+            fold_interrupted(self, session)
+            check_token_chain(self.store, session)
             self._state = self._load_state(session)
             return self._view(self.store.get_session(session.id))
 
@@ -174,7 +177,7 @@ class ChatService(SessionBrowsing):
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
         with self._lock:
             session = self._require()
-            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            head = prepare_rebuild(self, session)
             state, done = self._fresh_state(), 0
             for ids in self.store.branch_token_ids(session.id, head.id):
                 if cancel is not None and cancel.is_set():
@@ -364,6 +367,7 @@ class ChatService(SessionBrowsing):
             session = self._require()
             forked = self._guard(lambda: self.store.fork(session.id, at_turn))
             self._take(forked)
+            fold_interrupted(self, forked)
             self._state = self._load_state(forked)
             return self._view(forked)
 

@@ -31,7 +31,7 @@ MODEL_OPT = typer.Option(None, "-m", "--model", help="Model name or directory (d
 SYSTEM_OPT = typer.Option(None, "-s", "--system", help="System prompt for a new session.")
 SAMPLING_OPT = typer.Option(None, "-o", "--option", help=OPTION_HELP)
 DEVICE_OPT = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron")
-REBUILD_OPT = typer.Option(False, "--rebuild-state", help="If the stored state is unusable, replay the transcript into a new one.")
+REBUILD_OPT = typer.Option(False, "--rebuild-state", help="Replay the transcript into a new state (the way out when the stored one is refused or fails `laplace sessions verify`).")
 INITIAL_STATE_OPT = typer.Option(None, "--initial-state", help=INITIAL_STATE_HELP)
 
 
@@ -77,8 +77,9 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     """Resolve the model (a resumed session's own model unless -m is given), open the store,
     build the service and open or resume the session. Raises typer.Exit with a one-line error.
 
-    A stored state that cannot be used is replayed with `rebuild_state`, returned as the
-    second value with `defer_unusable` (the TUI asks the user), or else an error."""
+    With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
+    state that cannot be used is returned as the second value with `defer_unusable` (the
+    TUI asks the user), or else an error."""
     from agent.chat import ChatService
     from agent.chat_types import ChatError, StateUnusableError
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
@@ -150,13 +151,16 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
                 try:
                     service.resume(target.uid)
                 except StateUnusableError as exc:
-                    if rebuild_state:
-                        for ev in service.rebuild_state():
-                            _progress(ev.label, ev.done, ev.total)
-                    elif defer_unusable:
+                    if defer_unusable and not rebuild_state:
                         unusable = exc
-                    else:
+                    elif not rebuild_state:
                         raise _fail(str(exc)) from None
+                # Asked for, a rebuild runs even when the stored state passed its checks:
+                # `laplace sessions verify --replay` can find a state that differs from a
+                # replay although its hashes agree, and points here.
+                if rebuild_state:
+                    for ev in service.rebuild_state():
+                        _progress(ev.label, ev.done, ev.total)
                 for key, value in options:
                     service.set_option(key, value)
         except ChatError as exc:

@@ -52,7 +52,7 @@ def run(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
     filler: list[str] = typer.Option([], "--filler", help="Override the suite's fillers (repeatable): noise, grammar, chat, logs, file:PATH."),
-    style: str = typer.Option("completion", "--style", help="completion (base models) | chat (chat models)"),
+    style: str = typer.Option("auto", "--style", help="auto (chat when the model's tokenizer holds its chat template's tokens) | completion (base models) | chat (chat models)"),
     seed: int = typer.Option(0, "--seed", help="Seed mixed into every sample's hash."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)"),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default; 1 is fastest for tiny models)."),
@@ -66,15 +66,15 @@ def run(
     from agent.probes.runner import run_suite
     from agent.probes.suites import get_suite
     from agent.probes.table import render
-    from agent.probes.tasks import STYLES
+    from agent.probes.tasks import STYLES, default_style
 
     settings = Settings.from_env()
     try:
         chosen = get_suite(suite)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if style not in STYLES:
-        raise _fail(f"unknown prompt style {style!r}; choose completion or chat")
+    if style != "auto" and style not in STYLES:
+        raise _fail(f"unknown prompt style {style!r}; choose auto, completion or chat")
     if budget is not None and budget <= 0:
         raise _fail("--budget must be a positive number of seconds")
     if budget is None and not no_budget:
@@ -85,6 +85,9 @@ def run(
         chosen = replace(chosen, fillers=tuple(dict.fromkeys(filler)))
     _threads(threads)
     loaded, dev = _load(model, device or settings.device, settings)
+    if style == "auto":
+        style = default_style(loaded.tokenizer, loaded.template)
+        typer.echo(f"  prompt style {style} (from the model's chat template; --style overrides)", err=True)
     try:
         for f in chosen.fillers:  # a bad file: filler fails here, before any model work
             make_filler(f, loaded.tokenizer, loaded.template)

@@ -227,3 +227,27 @@ def search(
     out = _console()
     for h in hits:
         out.print(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: {h.snippet}", markup=False, soft_wrap=True)
+
+
+# ---- verify: a deep check of state vs transcript (the logic lives in agent/sessions_verify.py)
+
+
+@app.command()
+def verify(
+    session_id: str = typer.Argument(..., help="Session id or unique prefix."),
+    replay: bool = typer.Option(False, "--replay", help="Also replay the transcript with the model and compare the stored state (O(history))."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for --replay (default: the session's own)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Device for --replay: auto | cpu | cuda | neuron."),
+) -> None:
+    """Recompute the hash chain over the current branch's token ids and check its snapshots;
+    exit 1 with the way out (--rebuild-state) if the state disagrees with the transcript."""
+    from agent.cli_errors import fail
+    from agent.sessions_verify import VerifyFailed, verify_session
+
+    try:
+        with _store() as store:
+            lines = verify_session(store, session_id, replay=replay, model=model, device=device)
+    except VerifyFailed as exc:
+        raise fail(str(exc)) from None
+    for line in lines:
+        typer.echo(line)

@@ -1,8 +1,9 @@
 """`SessionStore`: every SQL statement about sessions lives behind this class.
 
-The class is assembled from three files to keep each readable: this one (opening,
+The class is assembled from four files to keep each readable: this one (opening,
 transactions, sessions, turns, paging, fork), `store_state.py` (snapshots, verification,
-resume, retention) and `store_extra.py` (leases, search, runs, export). The data model is
+resume, retention), `store_chain.py` (hash-chain check and repair) and `store_extra.py`
+(leases, search, runs, export). The data model is
 described in `sessions/migrations.py`.
 
 Writes run in `BEGIN IMMEDIATE` transactions (nested calls join the outer one through
@@ -27,6 +28,7 @@ from .errors import AmbiguousSessionId, InvalidTurnOperation, SessionError, Sess
 from .hashing import GENESIS_HASH, chain_hash_packed, pack_ids, unpack_ids
 from ._rows import SESSION_COLS, TURN_COLS, prefixed, to_session, to_turn
 from .records import ROLES, Session, StateMeta, Turn
+from .store_chain import ChainMixin
 from .store_extra import ExtrasMixin
 from .store_state import StateMixin
 
@@ -35,7 +37,7 @@ _PREFIX_RE = re.compile(r"^[0-9a-f]{1,32}$")
 DEFAULT_KEEP_SNAPSHOTS = 2
 
 
-class SessionStore(StateMixin, ExtrasMixin):
+class SessionStore(StateMixin, ChainMixin, ExtrasMixin):
     """Sessions, their turn trees, state snapshots, leases and search, in one SQLite file."""
 
     def __init__(

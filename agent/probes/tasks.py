@@ -22,6 +22,23 @@ STYLES = ("completion", "chat")
 N_CANDIDATES = 20
 
 
+def default_style(tok: Tokenizer, template: ChatTemplate) -> str:
+    """`chat` when the tokenizer holds the chat template's user, assistant and end tokens
+    (a chat model, e.g. the bundled default), else `completion`.
+
+    Completion prompts on a chat model read as noise to it and score 0% everywhere, so
+    the model's own template decides rather than a fixed default."""
+    needed = [template.role_tokens.get("user"), template.role_tokens.get("assistant"), template.end_token]
+    try:
+        for token in needed:
+            if token is None:
+                return "completion"
+            tok.token_id(token)
+    except KeyError:
+        return "completion"
+    return "chat"
+
+
 @dataclass(frozen=True)
 class Sample:
     """One planted fact (or set of facts) and its question, as token ids."""

@@ -102,8 +102,10 @@ class ActionsMixin(_Base):
                 self.refresh_status()
                 self.say(f"renamed to {view.name}", timeout=3)
             elif isinstance(cmd, SystemCmd):
-                svc.set_system(cmd.text)
-                self.say("system prompt set", timeout=3)
+                # The service starts a new session (a state cannot un-read its old system
+                # prompt), so the view must switch to it like /new does.
+                text = cmd.text
+                await self.switch_to(lambda: svc.set_system(text), "system prompt set in a new session:")
             elif isinstance(cmd, AttachCmd):
                 path = cmd.path
                 self.start_job("attach", lambda cancel: svc.attach(path, cancel))

@@ -326,11 +326,10 @@ class FakeChatService:
             return self._view(s)
 
     def set_system(self, text: str) -> SessionView:
+        """Like the real service: a new session with this system prompt; the old one is kept."""
         self.calls.append(("set_system", text))
         with self._lock:
-            s = self._need()
-            s.system = text
-            return self._view(s)
+            return self._view(self._new(name=None, system=text))
 
     def set_option(self, key: str, value: str) -> None:
         self.calls.append(("set_option", key, value))

@@ -72,7 +72,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "new": ("/new [NAME]", "start a new session"),
     "fork": ("/fork", "copy this session (cheap: the state is copied, not replayed) and switch to it"),
     "rename": ("/rename NAME", "rename this session"),
-    "system": ("/system TEXT", "set the system prompt of this session"),
+    "system": ("/system TEXT", "start a new session with this system prompt (the old one is kept)"),
     "attach": ("/attach FILE", "fold a document into the state, with a progress bar"),
     "export": ("/export [md|json] [PATH]", "write the transcript as Markdown (default) or JSON"),
     "probe": ("/probe QUESTION => EXPECTED", "ask whether the state still remembers something"),

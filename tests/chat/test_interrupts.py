@@ -105,6 +105,14 @@ def test_kill_9_mid_reply_loses_nothing_committed(tmp_path, endless):
     assert roles[3] == ("user", "complete", "this reply w")  # stored before generation began
     assert roles[4][:2] == ("assistant", "cancelled")  # interrupted, its text kept
     assert roles[5] == ("user", "complete", "after the cr") and roles[6][1] == "complete"
+    # The next run folded the kept text into the state (the killed writer never stored its
+    # token ids): the stored ids are exactly the template around the stored text.
+    lm = load_model(endless)
+    tok, tpl = lm.tokenizer, lm.template
+    with SessionStore.open(home / "laplace.db", readonly=True) as s:
+        killed = s.branch(uid)[4]
+        ids = s.turn_token_ids(killed.id)
+    assert killed.content and ids == [*tpl.reply_prefix(tok), *tok.encode(killed.content), *tpl.reply_suffix(tok)]
     check_consistent(home / "laplace.db", endless)
 
 

@@ -34,6 +34,9 @@ def test_run_smoke_writes_json_plot_and_a_probe_run(tmp_path):
     assert "passkey / noise" in r.output and "stored probe run" in r.output
     report = json.loads(out.read_text())
     assert report["schema_version"] == 1 and report["suite"]["name"] == "smoke"
+    # No --style given: the model's chat template picks chat prompts (completion prompts
+    # score 0% everywhere on a chat model such as the bundled default).
+    assert report["suite"]["style"] == "chat" and "chat prompts" in r.output
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     with SessionStore.open(tmp_path / "laplace.db", readonly=True) as store:
         runs = store.list_probe_runs()

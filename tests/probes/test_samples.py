@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
 
 from agent.probes import text
 from agent.probes.fillers import FILLER_KINDS, FillerError, make_filler
-from agent.probes.tasks import PromptBuilder, build_sample, candidates, parse_probe, shaped_candidates
+from agent.probes.tasks import PromptBuilder, build_sample, candidates, default_style, parse_probe, shaped_candidates
+from agent.runtime.tokenizer import ChatTemplate, Tokenizer
 
 
 @pytest.mark.parametrize("kind", FILLER_KINDS)
@@ -99,3 +101,12 @@ def test_probes_import_only_the_runtime():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sessions', 'textual', 'sqlite_utils'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_default_style_follows_the_chat_template(tiny):
+    """Chat prompts for a model whose tokenizer holds its template's tokens (the bundled
+    default's case); completion for a base tokenizer without them."""
+    assert default_style(tiny.tokenizer, tiny.template) == "chat"
+    hf = HFTokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    assert default_style(Tokenizer(hf), ChatTemplate()) == "completion"

@@ -90,3 +90,28 @@ def test_deep_verify_catches_a_tampered_token_blob(store: SessionStore, chat) ->
     with pytest.raises(StateTranscriptMismatch) as err:  # ...the deep one does
         store.verify_branch(chat.id)
     assert err.value.turn_id == turn_id
+
+
+def test_chain_check_names_the_edited_turn_and_rechain_repairs_it(store: SessionStore, chat) -> None:
+    total = store.check_chain(chat.id)
+    assert total == store.get_turn(store.get_session(chat.id).head_turn_id).tokens_total
+    branch = store.branch(chat.id)
+    edited = branch[3]
+    other = store.edit_turn(branch[5].id, content="a sibling", token_ids=tokens_of("a sibling"))
+    store.set_head(chat.id, branch[-1].id, descend=False)
+    _corrupt(store, f"UPDATE turns SET token_ids = X'0100000002000000' WHERE id = {edited.id}")
+    with pytest.raises(StateTranscriptMismatch) as err:
+        store.check_chain(chat.id)
+    assert err.value.turn_id == edited.id and "--rebuild-state" in str(err.value)
+    store.check_chain(chat.id, branch[2].id)  # a branch that stops before the edit is fine
+    before = len(store.snapshots(chat.id))
+    fixed, dropped = store.rechain(chat.id)
+    # The edited turn and everything after it (branch[3:] and the sibling of branch[5]), and
+    # the snapshots they invalidated.
+    assert fixed == len(branch[3:]) + 1 and dropped == before - len(store.snapshots(chat.id)) > 0
+    assert store.check_chain(chat.id) == total - len(tokens_of("message 1")) + 2
+    assert store.check_chain(chat.id, other.id) == store.get_turn(other.id).tokens_total
+    assert all(s.turn_id not in {t.id for t in branch[3:]} for s in store.snapshots(chat.id))
+    assert store.rechain(chat.id) == (0, 0)
+    replay(store, chat.id)
+    assert store.verify_branch(chat.id) == len(branch)

@@ -25,13 +25,14 @@ def test_session_commands_reach_the_service(tmp_path: Path) -> None:
         await type_and_send(app, pilot, "/rename project x")
         assert fake.session.name == "project x"  # type: ignore[union-attr]
         assert "project x" in str(app.status_bar.render())
-        await type_and_send(app, pilot, "/system Be brief.")
         await type_and_send(app, pilot, "/set temperature 0.2")
         await type_and_send(app, pilot, "/set colour blue")  # the service rejects it
         await type_and_send(app, pilot, f"/export json {out}")
         await type_and_send(app, pilot, "/fork")
         assert fake.session.name == "project x (fork)"  # type: ignore[union-attr]
         assert len(app.chat.turn_widgets) == 4
+        await type_and_send(app, pilot, "/system Be brief.")  # a new session, shown empty
+        assert fake.session.system_prompt == "Be brief." and app.chat.turn_widgets == []  # type: ignore[union-attr]
         await type_and_send(app, pilot, "/new scratch")
         assert fake.session.name == "scratch" and app.chat.turn_widgets == []  # type: ignore[union-attr]
         await type_and_send(app, pilot, "/help")

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from agent.chat_types import StatusView
+from agent.chat_types import StatusView, TurnView
 from agent.tui import known_binding_ids
-from agent.tui.chat.messages import code_blocks, header_text
+from agent.tui.chat.messages import code_blocks, header_text, is_unread
 from agent.tui.keymap import validate_keymap
 from agent.tui.status import format_status, human_bytes
 
@@ -43,6 +43,13 @@ def test_header_shows_branch_and_status() -> None:
     assert "2/3" in header_text("assistant", "complete", 1, 3).plain
     assert "[cancelled]" in header_text("assistant", "cancelled").plain
     assert "/" not in header_text("user", "complete").plain
+    assert "not read into the state" in header_text("document", "cancelled", unread=True).plain
+
+
+def test_a_stopped_turn_without_token_ids_reads_as_unread():
+    assert is_unread(TurnView(1, "document", "a long text", "cancelled", n_tokens=0))
+    assert not is_unread(TurnView(2, "assistant", "partial", "cancelled", n_tokens=9))
+    assert not is_unread(TurnView(3, "assistant", "", "cancelled", n_tokens=0))
 
 
 def test_keymap_validation() -> None:

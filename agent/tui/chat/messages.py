@@ -46,8 +46,10 @@ def code_blocks(markdown: str) -> list[str]:
     return blocks
 
 
-def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: int = 1) -> Text:
-    """The one-line header over a message: role, branch position, unusual status."""
+def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: int = 1, *,
+                unread: bool = False) -> Text:
+    """The one-line header over a message: role, branch position, unusual status, and
+    whether the state has not read it (`unread`: e.g. a cancelled attach)."""
     text = Text(ROLE_LABELS.get(role, role), style="bold")
     if sibling_count > 1:
         text.append(f"  {sibling_index + 1}/{sibling_count}", style="dim")
@@ -55,7 +57,14 @@ def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: i
         text.append("  generating…", style="italic dim")
     elif status != "complete":
         text.append(f"  [{status}]", style="bold red" if status == "error" else "bold yellow")
+    if unread:
+        text.append("  not read into the state", style="italic dim")
     return text
+
+
+def is_unread(turn: TurnView) -> bool:
+    """A stopped turn that stored text but no token ids: the state never read that text."""
+    return turn.status in ("cancelled", "error") and turn.n_tokens == 0 and bool(turn.content)
 
 
 def message_body(turn: TurnView) -> RenderableType:
@@ -93,7 +102,8 @@ class MessageWidget(Static, can_focus=True):
             self.step = step
 
     def __init__(self, turn: TurnView) -> None:
-        header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count)
+        header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count,
+                             unread=is_unread(turn))
         # Content given at construction, not on mount: the first layout then already has the
         # real height, which keeping the reading position across page loads relies on.
         super().__init__(Group(header, message_body(turn)),
