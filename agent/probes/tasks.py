@@ -13,7 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from agent.runtime.tokenizer import ChatTemplate, Tokenizer
+from agent.runtime.templates import AnyTemplate, SegmentTemplate
+from agent.runtime.tokenizer import Tokenizer
 
 from agent.probes import text
 
@@ -22,12 +23,16 @@ STYLES = ("completion", "chat")
 N_CANDIDATES = 20
 
 
-def default_style(tok: Tokenizer, template: ChatTemplate) -> str:
+def default_style(tok: Tokenizer, template: AnyTemplate) -> str:
     """`chat` when the tokenizer holds the chat template's user, assistant and end tokens
     (a chat model, e.g. the bundled default), else `completion`.
 
     Completion prompts on a chat model read as noise to it and score 0% everywhere, so
-    the model's own template decides rather than a fixed default."""
+    the model's own template decides rather than a fixed default. An imported model's
+    template is chat when it came from the checkpoint's chat template, completion when the
+    checkpoint had none (a base model given plain User:/Assistant: turns)."""
+    if isinstance(template, SegmentTemplate):
+        return "chat" if template.source == "jinja" else "completion"
     needed = [template.role_tokens.get("user"), template.role_tokens.get("assistant"), template.end_token]
     try:
         for token in needed:
@@ -74,7 +79,7 @@ def _fact(key: str, value: str) -> str:
 class PromptBuilder:
     """Renders facts and questions in one prompt style for one tokenizer and template."""
 
-    def __init__(self, tok: Tokenizer, template: ChatTemplate, style: str) -> None:
+    def __init__(self, tok: Tokenizer, template: AnyTemplate, style: str) -> None:
         if style not in STYLES:
             raise ValueError(f"unknown prompt style {style!r}; expected completion or chat")
         self.tok, self.template, self.style = tok, template, style

@@ -72,3 +72,10 @@ def test_no_stop_token_is_refused(tmp_path) -> None:
     f = TokenizerFiles(tmp_path / "t.json", {}, {}, LLAMA3_LIKE)
     with pytest.raises(CheckpointError, match="no end-of-text token"):
         segment_template(f, TOK)
+
+
+def test_probe_style_follows_the_imported_template(tmp_path) -> None:
+    from agent.probes.tasks import default_style
+
+    assert default_style(TOK, segment_template(files(LLAMA3_LIKE, tmp_path), TOK)) == "chat"
+    assert default_style(TOK, segment_template(files(None, tmp_path), TOK)) == "completion"
