@@ -38,7 +38,9 @@ def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, la
 
     typer.echo(f"converting {label} ...", err=True)
     try:
-        lm = import_checkpoint(src, out, name=out.name, tokenizer_dir=tokenizer, plain_template=plain, source_label=label)
+        # Written under $LAPLACE_HOME/partial and renamed into models/ once it loads.
+        lm = import_checkpoint(src, out, name=out.name, tokenizer_dir=tokenizer, plain_template=plain, source_label=label,
+                               work_dir=out.parent.parent / "partial")
     except CheckpointError as exc:
         raise fail(str(exc)) from None
     c = lm.config

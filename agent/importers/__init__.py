@@ -35,9 +35,11 @@ def inspect_checkpoint(src: str | Path) -> str:
 
 def import_checkpoint(
     src: str | Path, dest: str | Path, *, name: str, tokenizer_dir: str | Path | None = None,
-    plain_template: bool = False, source_label: str | None = None,
+    plain_template: bool = False, source_label: str | None = None, work_dir: str | Path | None = None,
 ) -> LoadedModel:
-    """Convert `src` into a model directory at `dest` (which must not exist yet)."""
+    """Convert `src` into a model directory at `dest` (which must not exist yet). It is
+    written in `work_dir` (default: beside `dest`; on the same filesystem) and renamed into
+    place once it loads, so even a killed import leaves no partial model at `dest`."""
     root, out = Path(src), Path(dest)
     if out.exists():
         raise CheckpointError(f"{out} already exists; choose another --out name or remove it first")
@@ -58,7 +60,9 @@ def import_checkpoint(
                             "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""), **describe(template)}
     loaded = LoadedModel(model, tok, template, name=name, card=card)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    work = Path(work_dir) if work_dir is not None else out.parent
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=work))
     try:
         save_model_dir(loaded, tmp)
         check = load_model_dir(tmp)  # what a user will load: strict, or we fail here

@@ -108,13 +108,13 @@ def map_weights(family: str, cfg: dict[str, Any], tensors: dict[str, torch.Tenso
     if family == "llamba":
         emb = take(src, "backbone.embedding.weight")
         config = llamba_config(cfg, emb.shape[0])
-        pre, layer_norms, mix, final = "backbone.layers.{i}.", ("input_layernorm", "post_attention_layernorm"), "mixer.", "backbone.final_layernorm.weight"
+        attn_norm, final = "input_layernorm", "backbone.final_layernorm.weight"
     else:
         emb = src.pop("backbone.embeddings.weight", None)
         emb = emb if emb is not None else take(src, "backbone.embedding.weight")
         tied = "lm_head.weight" not in src or bool(cfg.get("tie_word_embeddings", False)) and torch.equal(src["lm_head.weight"], emb)
         config = mamba2_config(cfg, emb.shape[0], tied)
-        pre, layer_norms, mix, final = "backbone.layers.{i}.", ("norm", None), "mixer.", "backbone.norm_f.weight"
+        attn_norm, final = "norm", "backbone.norm_f.weight"
         if tied:
             src.pop("lm_head.weight", None)
     c = config
@@ -122,14 +122,15 @@ def map_weights(family: str, cfg: dict[str, Any], tensors: dict[str, torch.Tenso
     if not c.tie_embeddings:
         out["lm_head.weight"] = expect_shape("lm_head.weight", take(src, "lm_head.weight"), (c.vocab_size, c.d_model))
     reorder: Callable[[torch.Tensor], torch.Tensor] = (lambda w: _rows_llamba_to_canonical(w, c)) if family == "llamba" else (lambda w: w)
+    mix = "mixer."
     for i in range(c.n_layers):
-        p, q = pre.format(i=i), f"blocks.{i}."
+        p, q = f"backbone.layers.{i}.", f"blocks.{i}."
 
         def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
             t = take(src, p + name)
             return t if shape is None else expect_shape(p + name, t, shape)
 
-        out[q + "attn_norm.weight"] = get(layer_norms[0] + ".weight", (c.d_model,))
+        out[q + "attn_norm.weight"] = get(attn_norm + ".weight", (c.d_model,))
         out[q + "attn.in_proj.weight"] = reorder(get(mix + "in_proj.weight", (c.in_proj_dim(), c.d_model)))
         if c.proj_bias:
             out[q + "attn.in_proj.bias"] = reorder(get(mix + "in_proj.bias"))
@@ -145,7 +146,7 @@ def map_weights(family: str, cfg: dict[str, Any], tensors: dict[str, torch.Tenso
             out[q + "attn.A_log"], out[q + "attn.dt_bias"] = zeros, zeros.clone()  # decay = -softplus(a)
             z_bias = src.pop(p + mix + "z_bias", None)
             out[q + "attn.z_bias"] = z_bias if z_bias is not None else torch.zeros(c.value_dim)
-            out[q + "ffn_norm.weight"] = get(layer_norms[1] + ".weight")
+            out[q + "ffn_norm.weight"] = get("post_attention_layernorm.weight", (c.d_model,))
             for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
                 out[q + f"ffn.{ours}.weight"] = get(f"mlp.{theirs}.weight")
         else:
