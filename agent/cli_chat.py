@@ -84,20 +84,15 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.sampling import SamplingOptions
-    from sessions import SessionError, SessionStore
+    from agent.cli_store import open_store
+    from sessions import SessionError
 
     settings = Settings.from_env()
     if session and cont:
         raise _fail("use either -c/--continue or --session ID, not both")
     if system is not None and (session or cont):
         raise _fail("--system applies to a new session; a resumed state has already read its system prompt (use /system in chat to start a new session)")
-    try:
-        settings.ensure_home()
-        store = SessionStore.open(settings.db_path)
-    except (SessionError, OSError) as exc:
-        raise _fail(f"cannot open the session database {settings.db_path}: {exc}") from None
-    except Exception as exc:  # sqlite3.DatabaseError for a file that is not a database
-        raise _fail(f"cannot open the session database {settings.db_path} ({exc}); move it aside to start fresh") from None
+    store = open_store(settings)
     try:
         target = None
         if session or cont:
