@@ -146,7 +146,10 @@ class _Progress:
         self.bar.__exit__(*exc)  # type: ignore[arg-type]
 
     def log(self, msg: str) -> None:
-        self.bar.console.print(msg, markup=False, highlight=False)
+        from agent.textsafe import displayable
+
+        # Messages quote file names and records: show their control characters, never run them.
+        self.bar.console.print(displayable(msg), markup=False, highlight=False)
 
     def update(self, m: dict[str, Any]) -> None:
         if self.task is None:

@@ -129,3 +129,12 @@ def test_cli_stop_after_then_resume(tmp_path: Path, text_dir: Path, whole: Train
     assert r.exit_code == 0, r.output
     assert "trained 6 steps" in r.output
     _same_weights(tmp_path / "whole", out)
+
+
+def test_log_lines_quoting_file_names_carry_no_raw_escapes(tmp_path: Path, text_dir: Path) -> None:
+    evil = text_dir / "bad\x1b]52;c;QQ==\x07[b].jsonl"
+    evil.write_text('{"messages": 5}\n', encoding="utf-8")
+    r = runner.invoke(app, ["finetune", str(text_dir), *BASE, "--steps", "1", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "skipped bad record" in r.output and "␛]52;c;QQ==␇[b]" in r.output.replace("\n", "")  # rich wraps long lines
+    assert "\x1b]52" not in r.output and "\x07" not in r.output
