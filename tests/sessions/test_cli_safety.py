@@ -163,3 +163,19 @@ def _strings(data: object) -> list[str]:
 def test_markdown_export_to_a_pipe_is_exact(evil_session: str) -> None:
     res = run("export", evil_session)
     assert res.exit_code == 0 and EVIL_TEXT in res.output
+
+
+@pytest.mark.parametrize("setup, words", [
+    ("file", ("is a file", "LAPLACE_HOME")),
+    ("not-a-db", ("not a usable laplace database", "move it aside")),
+], ids=["home-is-a-file", "not-a-database"])
+def test_ask_shares_the_same_errors(setup: str, words: tuple[str, ...], laplace_home: Path) -> None:
+    from agent.cli import app
+
+    if setup == "file":
+        laplace_home.parent.mkdir(parents=True, exist_ok=True)
+        laplace_home.write_text("x")
+    else:
+        laplace_home.mkdir(mode=0o700)
+        (laplace_home / "laplace.db").write_bytes(b"junk" * 300)
+    assert_one_error_line(runner.invoke(app, ["ask", "-m", "tiny", "hi"]), *words)
