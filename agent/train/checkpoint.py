@@ -149,7 +149,8 @@ def save_trainer_state(out: Path, info: DistInfo, *, opts: list[torch.optim.Opti
 def read_trainer_state(resume: str | Path) -> dict[str, Any]:
     path = Path(resume) / TRAINER_DIR / STATE_FILE
     if not path.is_file():
-        raise ResumeError(f"--resume {resume}: no {TRAINER_DIR}/{STATE_FILE}; it is not the --out directory of a laplace finetune run")
+        raise ResumeError(f"--resume {resume}: no {TRAINER_DIR}/{STATE_FILE}; it is not the --out directory of a laplace finetune run "
+                          "(or one of its step-NNNNNN checkpoints)")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
