@@ -124,7 +124,7 @@ def test_cli_stop_after_then_resume(tmp_path: Path, text_dir: Path, whole: Train
     out = tmp_path / "cli"
     r = runner.invoke(app, ["finetune", str(text_dir), *BASE, "--out", str(out), "--stop-after", "4", "--keep", "1"])
     assert r.exit_code == 0, r.output
-    assert f"stopped at step 4 of 6" in r.output and f"continue with --resume {out}" in r.output
+    assert "stopped at step 4 of 6" in r.output and f"continue with --resume {out}" in r.output
     r = runner.invoke(app, ["finetune", str(text_dir), *BASE, "--out", str(out), "--resume", str(out)])
     assert r.exit_code == 0, r.output
     assert "trained 6 steps" in r.output
