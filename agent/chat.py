@@ -165,7 +165,10 @@ class ChatService(SessionBrowsing):
         except (StateError, RuntimeStateError) as exc:
             hint = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else \
                 " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
-            raise StateUnusableError(f"{exc}{hint}") from None
+            # The runtime's own messages only say "replay the transcript": name the way to do it.
+            how = "" if "--rebuild-state" in str(exc) else \
+                f"; to replay the transcript: laplace chat --session {session.uid[:8]} --rebuild-state"
+            raise StateUnusableError(f"{exc}{hint}{how}") from None
         state.n_tokens = snap.n_tokens
         if turn.tokens_total > snap.n_tokens:
             for ids in self.store.branch_token_ids(session.id, turn.id, after_turn_id=snap.turn_id):

@@ -86,20 +86,15 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.quant import QUANT_MODES, quantize_loaded
     from agent.runtime.sampling import SamplingOptions
-    from sessions import SessionError, SessionStore
+    from agent.cli_store import open_store
+    from sessions import SessionError
 
     settings = Settings.from_env()
     if session and cont:
         raise _fail("use either -c/--continue or --session ID, not both")
     if system is not None and (session or cont):
         raise _fail("--system applies to a new session; a resumed state has already read its system prompt (use /system in chat to start a new session)")
-    try:
-        settings.ensure_home()
-        store = SessionStore.open(settings.db_path)
-    except (SessionError, OSError) as exc:
-        raise _fail(f"cannot open the session database {settings.db_path}: {exc}") from None
-    except Exception as exc:  # sqlite3.DatabaseError for a file that is not a database
-        raise _fail(f"cannot open the session database {settings.db_path} ({exc}); move it aside to start fresh") from None
+    store = open_store(settings)
     try:
         target = None
         if session or cont:
@@ -264,21 +259,35 @@ def ask(
         raise _fail("generation failed; the partial reply was saved, marked error")
 
 
-def load_keymap(path: Optional[Path]) -> dict[str, object] | None:
-    """`[keys]` of a TOML file: binding id -> "key[,key]". Default: $LAPLACE_HOME/keymap.toml."""
+def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
+    """`[keys]` of a TOML file: binding id -> "key[,key]", checked before the model loads.
+    Default: $LAPLACE_HOME/keymap.toml, used only if it exists; a --keymap file must exist."""
     import tomllib
 
+    from agent.tui.factory import known_binding_ids
+    from agent.tui.keymap import validate_keymap
+
+    if path is not None and not path.is_file():
+        raise _fail(f"keymap {path} does not exist; check the --keymap path" if not path.exists()
+                    else f"keymap {path} is not a file; pass a TOML file to --keymap")
     path = path or Settings.from_env().home / "keymap.toml"
-    if not path.exists():
+    if not path.is_file():
         return None
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise _fail(f"keymap {path} is not valid TOML ({exc}); fix or remove it") from None
+    table = "a [keys] table of binding id = \"key,key\""
+    other = sorted(set(data) - {"keys"})
+    if other:
+        raise _fail(f"keymap {path}: unexpected {other[0]!r} outside [keys]; put bindings in {table}")
     keys = data.get("keys", {})
     if not isinstance(keys, dict):
-        raise _fail(f"keymap {path}: [keys] must be a table of binding id = \"key,key\"")
-    return keys
+        raise _fail(f"keymap {path}: [keys] must be {table}")
+    try:
+        return validate_keymap(keys, known_binding_ids())
+    except ValueError as exc:
+        raise _fail(f"{path}: {exc}") from None
 
 
 def chat(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from agent.textsafe import displayable
+
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print `error: message` to stderr and return the Exit for the caller to raise."""
-    typer.echo(f"error: {message}", err=True)
+    """Print `error: message` to stderr and return the Exit for the caller to raise.
+
+    Messages often quote user input or stored names, so control characters are made visible."""
+    typer.echo(f"error: {displayable(message)}", err=True)
     return typer.Exit(code)

@@ -53,8 +53,10 @@ def finetune_command(
     optimizer: str = typer.Option("muon", "--optimizer", help="muon (Muon + AdamW) | adamw."),
     eval_data: Optional[list[Path]] = typer.Option(None, "--eval", help="Held-out data for eval loss (repeatable)."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run saved in this output directory."),
-    save_every: Optional[int] = typer.Option(None, "--save-every", help="Steps between checkpoints (default: at the end)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a run: its output directory (the newest checkpoint) or one step-NNNNNN checkpoint."),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Steps between numbered checkpoints, OUT/step-NNNNNN (default: only at the end)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop at this step with a checkpoint to --resume; the schedule stays that of --steps."),
+    keep: int = typer.Option(3, "--keep", help="Numbered checkpoints to keep (the newest)."),
     tune: str = typer.Option("all", "--tune", help="all: every weight | state: only a learned initial state."),
     on_bad: str = typer.Option("skip", "--on-bad", help="skip | error: what to do with bad data records."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: settings)."),
@@ -78,7 +80,7 @@ def finetune_command(
             batch_tokens=batch_tokens, micro_batch=micro_batch, lr=lr, muon_lr=muon_lr, adamw_lr=adamw_lr,
             weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, optimizer=optimizer,
             eval=tuple(str(e) for e in eval_data or ()), eval_every=eval_every, resume=str(resume) if resume else None,
-            save_every=save_every, tune=tune, on_bad=on_bad, device=device or settings.device,
+            save_every=save_every, stop_after=stop_after, keep=keep, tune=tune, on_bad=on_bad, device=device or settings.device,
             dtype=dtype, seed=seed, distributed=distributed,
         )
     except TrainConfigError as exc:
@@ -120,7 +122,12 @@ def _launch_torchrun(cfg: Any, nproc: int, settings: Settings) -> None:
 def _print_summary(s: dict[str, Any]) -> None:
     ev = f", eval loss {s['eval_loss_start']:.4f} -> {s['eval_loss']:.4f}" if s.get("eval_loss") is not None and s.get("eval_loss_start") is not None else ""
     what = "initial state" if s["tune"] == "state" else "model"
-    typer.echo(f"trained {s['steps']} steps, {s['tokens']:,} tokens, loss {s['final_loss']:.4f}{ev}; {what} saved in {s['out']}")
+    loss = f"loss {s['final_loss']:.4f}" if s.get("final_loss") is not None else "no new steps"
+    if s.get("completed", True):
+        typer.echo(f"trained {s['steps']} steps, {s['tokens']:,} tokens, {loss}{ev}; {what} saved in {s['out']}")
+    else:
+        typer.echo(f"stopped at step {s['steps']} of {s['total_steps']}, {s['tokens']:,} tokens, {loss}{ev}; {what} saved in "
+                   f"{s['out']}; continue with --resume {s['out']}")
 
 
 class _Progress:
@@ -139,7 +146,10 @@ class _Progress:
         self.bar.__exit__(*exc)  # type: ignore[arg-type]
 
     def log(self, msg: str) -> None:
-        self.bar.console.print(msg, markup=False, highlight=False)
+        from agent.textsafe import displayable
+
+        # Messages quote file names and records: show their control characters, never run them.
+        self.bar.console.print(displayable(msg), markup=False, highlight=False)
 
     def update(self, m: dict[str, Any]) -> None:
         if self.task is None:

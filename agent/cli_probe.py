@@ -219,7 +219,9 @@ def _check(store, settings: Settings, session_id: str, ask: str, expect: str | N
     mention = _mention(store, s, turn, expect, loaded.tokenizer) if expect else None
     try:
         return check_session(loaded, data, ask, expect=expect, fold_ids=fold, mention=mention)
-    except (RuntimeStateError, ValueError) as exc:
+    except RuntimeStateError as exc:
+        raise _fail(f"{exc}; to replay the transcript: laplace chat --session {s.short_id} --rebuild-state") from None
+    except ValueError as exc:
         raise _fail(str(exc)) from None
 
 

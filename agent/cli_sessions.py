@@ -2,12 +2,13 @@
 
 Imports only typer/rich, `sessions` and `agent.settings` (never torch), so managing
 sessions starts in a fraction of a second. Commands parse arguments and call the store;
-every SessionError becomes one `error: ...` line on stderr and exit code 1.
+every SessionError or unusable data directory becomes one `error: ...` line on stderr and
+exit code 1. Stored text (names, turns, snippets) is user or model data: it is printed as
+plain text, never as rich markup, with terminal control characters made visible.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -17,9 +18,12 @@ from typing import Any, Iterator, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from agent.cli_store import session_store
 from agent.settings import Settings
-from sessions import SessionError, SessionStore, SessionSummary
+from agent.textsafe import displayable, json_for_terminal
+from sessions import SessionStore, SessionSummary
 from sessions.export import session_dict
 
 app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix).", no_args_is_help=True)
@@ -27,14 +31,17 @@ app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix
 
 @contextmanager
 def _store() -> Iterator[SessionStore]:
-    settings = Settings.from_env()
-    settings.ensure_home()
-    try:
-        with SessionStore.open(settings.db_path) as store:
-            yield store
-    except SessionError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    with session_store(Settings.from_env()) as store:
+        yield store
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _text(value: str, style: str = "") -> Text:
+    """Stored text as a rich Text: never parsed as markup, controls shown as symbols."""
+    return Text(displayable(value), style=style)
 
 
 def _console() -> Console:
@@ -73,7 +80,7 @@ def list_(
     with _store() as store:
         items = store.list_sessions(include_archived=all_, limit=limit)
     if as_json:
-        typer.echo(json.dumps([_summary_dict(i) for i in items], indent=2))
+        typer.echo(json_for_terminal([_summary_dict(i) for i in items]))
         return
     if not items:
         typer.echo("no sessions yet; start one with `laplace chat`")
@@ -81,7 +88,7 @@ def list_(
     table = Table("id", "name", "model", "turns", "tokens", "state", "last used")
     for i in items:
         s = i.session
-        table.add_row(s.short_id, (s.name or "") + (" [archived]" if s.archived else ""), s.model_id,
+        table.add_row(s.short_id, _text((s.name or "") + (" [archived]" if s.archived else "")), _text(s.model_id),
                       str(i.turns), str(i.tokens_folded), _size(i.state_bytes), _ago(s.updated_at))
     _console().print(table)
 
@@ -101,7 +108,7 @@ def show(
         lease = store.lease_holder(s.id)
     policy = f"latest snapshot per branch + {s.keep_snapshots} older"
     if as_json:
-        typer.echo(json.dumps({
+        typer.echo(json_for_terminal({
             **_summary_dict(item), "retention": {"keep_latest_per_branch": 1, "keep_older": s.keep_snapshots},
             "in_use_by": {"pid": lease.pid, "hostname": lease.hostname} if lease else None,
             "snapshots": [{"turn_id": x.turn_id, "n_tokens": x.n_tokens, "byte_size": x.byte_size,
@@ -109,22 +116,22 @@ def show(
                            "created_at": x.created_at} for x in snaps],
             "turns": [{"turn_id": t.id, "role": t.role, "status": t.status, "content": t.content,
                        "n_tokens": t.n_tokens} for t in tail],
-        }, indent=2))
+        }))
         return
     out = _console()
-    out.print(f"[bold]{s.name or '(unnamed)'}[/bold]  {s.uid}")
-    out.print(f"model {s.model_id} · {item.turns} turns · {item.tokens_folded} tokens folded · "
+    out.print(Text.assemble(_text(s.name or "(unnamed)", "bold"), f"  {s.uid}"))
+    out.print(Text.assemble("model ", _text(s.model_id), f" · {item.turns} turns · {item.tokens_folded} tokens folded · "
               f"state {_size(item.state_bytes)} · created {s.created_at} · last used {_ago(s.updated_at)}"
-              + (" · archived" if s.archived else ""))
-    out.print(f"snapshots: {len(snaps)} kept; retention: {policy}")
+              + (" · archived" if s.archived else "")))
+    out.print(f"snapshots: {len(snaps)} kept; retention: {policy}", markup=False)
     if lease:
-        out.print(f"in use by pid {lease.pid} on {lease.hostname}")
+        out.print(Text.assemble(f"in use by pid {lease.pid} on ", _text(lease.hostname)))
     for t in tail:
         if t.role == "system" and not t.content:
             continue
         flag = "" if t.status == "complete" else f" ({t.status})"
         text = t.content if len(t.content) <= 200 else t.content[:200] + "…"
-        out.print(f"[dim]#{t.id}[/dim] [bold]{t.role}{flag}[/bold]: {text}", markup=True, soft_wrap=True)
+        out.print(Text.assemble((f"#{t.id}", "dim"), " ", (f"{t.role}{flag}", "bold"), ": ", _text(text)), soft_wrap=True)
 
 
 @app.command()
@@ -132,7 +139,7 @@ def rename(session_id: str, name: str) -> None:
     """Give a session a name."""
     with _store() as store:
         s = store.rename_session(session_id, name)
-    typer.echo(f"renamed {s.short_id} to {name!r}")
+    typer.echo(f"renamed {s.short_id} to {displayable(repr(name))}")
 
 
 @app.command("rm")
@@ -143,7 +150,7 @@ def rm(
     """Delete a session, its transcript and its states, for good."""
     with _store() as store:
         item = store.summary(session_id)
-        label = f"{item.session.short_id} ({item.session.name or 'unnamed'}, {item.turns} turns)"
+        label = f"{item.session.short_id} ({displayable(item.session.name or 'unnamed')}, {item.turns} turns)"
         if not yes and not typer.confirm(f"delete session {label}? this cannot be undone"):
             typer.echo("aborted", err=True)
             raise typer.Exit(1)
@@ -193,10 +200,11 @@ def export(
         typer.echo(f"error: unknown format {fmt!r}; use markdown or json", err=True)
         raise typer.Exit(1)
     with _store() as store:
-        text = (json.dumps(store.export_json(session_id), indent=2, ensure_ascii=False) + "\n"
+        text = (json_for_terminal(store.export_json(session_id)) + "\n"
                 if fmt == "json" else store.export_markdown(session_id))
     if output is None:
-        sys.stdout.write(text)
+        # A terminal gets control characters as symbols; a pipe gets the exact text.
+        sys.stdout.write(displayable(text) if _stdout_is_terminal() else text)
     else:
         try:
             output.write_text(text, encoding="utf-8")
@@ -217,16 +225,15 @@ def search(
     with _store() as store:
         hits = store.search(query, limit=limit, include_archived=all_)
     if as_json:
-        typer.echo(json.dumps([{"session": h.session_uid, "session_name": h.session_name, "turn_id": h.turn_id,
-                                "role": h.role, "snippet": h.snippet, "created_at": h.created_at}
-                               for h in hits], indent=2, ensure_ascii=False))
+        typer.echo(json_for_terminal([{"session": h.session_uid, "session_name": h.session_name, "turn_id": h.turn_id,
+                                       "role": h.role, "snippet": h.snippet, "created_at": h.created_at} for h in hits]))
         return
     if not hits:
         typer.echo("no matches")
         return
     out = _console()
     for h in hits:
-        out.print(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: {h.snippet}", markup=False, soft_wrap=True)
+        out.print(Text.assemble(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: ", _text(h.snippet)), soft_wrap=True)
 
 
 # ---- verify: a deep check of state vs transcript (the logic lives in agent/sessions_verify.py)

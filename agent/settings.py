@@ -45,6 +45,31 @@ class Settings:
         )
 
     def ensure_home(self) -> Path:
-        """Create the data directory, private to its owner."""
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Create the data directory and any missing parents, each private to its owner.
+
+        `mkdir(parents=True)` would create the parents with the umask's mode (0777 under
+        umask 000), so every directory we create is made here and set to 0700 explicitly.
+        A directory that already exists is left alone: `exposed_mode` reports it instead.
+        """
+        missing = []
+        for path in (self.home, *self.home.parents):
+            if path.exists() or path.is_symlink():
+                break
+            missing.append(path)
+        for path in reversed(missing):
+            try:
+                path.mkdir(mode=0o700)
+            except FileExistsError:  # created meanwhile by another process
+                continue
+            os.chmod(path, 0o700)
+        if not self.home.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(self.home))
         return self.home
+
+    def exposed_mode(self) -> int | None:
+        """The home's permission bits when other users can read or enter it, else None."""
+        try:
+            mode = self.home.stat().st_mode & 0o777
+        except OSError:
+            return None
+        return mode if mode & 0o077 else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
@@ -53,3 +54,54 @@ def test_bench_lists_and_rejects_unknown_names():
     assert res.exit_code == 0 and {"kernel", "decode", "batch", "memory", "store", "train", "tui", "cpu1b"} <= set(res.stdout.split())
     res = runner.invoke(app, ["bench", "warp-drive"])
     assert res.exit_code == 1 and "unknown benchmark warp-drive" in res.stderr
+
+
+def _model_dir(tmp_path):
+    from agent.runtime.checkpoint import load_model, save_model_dir
+
+    return save_model_dir(load_model("tiny"), tmp_path / "m")
+
+
+def _damage_truncate(d):
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _damage_other_shape(d):
+    from agent.runtime.checkpoint import save_model_dir
+    from agent.runtime.checkpoint import load_model as load
+    from agent.runtime.config import PRESETS
+
+    small = load("tiny")
+    other = save_model_dir(small, d.parent / "other")
+    (d / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model"]["d_model"] = PRESETS["tiny"].d_model * 2
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (_damage_truncate, "model.safetensors is unreadable"),
+    (lambda d: (d / "tokenizer.json").unlink(), "is missing tokenizer.json"),
+    (_damage_other_shape, "does not match config.json"),
+], ids=["truncated-weights", "missing-tokenizer", "weights-of-another-shape"])
+def test_info_refuses_a_model_directory_that_would_not_load(tmp_path, damage, needle):
+    d = _model_dir(tmp_path)
+    damage(d)
+    res = runner.invoke(app, ["info", "-m", str(d)])
+    assert res.exit_code == 1, res.output
+    assert needle in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("command", [["info"], ["ask", "hi"]], ids=lambda c: c[0])
+def test_a_file_given_as_model_says_so(tmp_path, monkeypatch, command):
+    d = _model_dir(tmp_path)
+    for arg, needle in [(str(d / "config.json"), f"is a file, not a model directory; pass its directory: -m {d}"),
+                        (str(tmp_path / "notes.txt"), "pass the directory that holds config.json")]:
+        (tmp_path / "notes.txt").write_text("x")
+        res = runner.invoke(app, [command[0], "-m", arg, *command[1:]])
+        assert res.exit_code == 1, res.output
+        assert needle in res.stderr and res.stderr.count("\n") == 1 and "does not exist" not in res.stderr
+    monkeypatch.chdir(tmp_path)  # a bare name that is a file here, not a model name
+    res = runner.invoke(app, [command[0], "-m", "notes.txt", *command[1:]])
+    assert res.exit_code == 1 and "notes.txt is a file, not a model directory" in res.stderr

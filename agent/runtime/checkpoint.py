@@ -93,10 +93,20 @@ def save_model_dir(loaded: LoadedModel, path: str | Path, *, card: dict[str, Any
     return out
 
 
+def not_a_model_dir(path: Path) -> ModelLoadError:
+    """The error for a -m path that is not a directory: a file (often one inside a model
+    directory) or nothing at all."""
+    if path.exists():
+        inside = (path.parent / "config.json").is_file()
+        fix = f"pass its directory: -m {path.parent}" if inside else "pass the directory that holds config.json and model.safetensors"
+        return ModelLoadError(f"{path} is a file, not a model directory; {fix}")
+    return ModelLoadError(f"model directory {path} does not exist")
+
+
 def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
     """(config, card) of a model directory, without touching the weights."""
     if not Path(path).is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist")
+        raise not_a_model_dir(Path(path))
     cfg_path = Path(path) / "config.json"
     try:
         meta = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -118,7 +128,7 @@ def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
 def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
     root = Path(path)
     if not root.is_dir():
-        raise ModelLoadError(f"model directory {root} does not exist")
+        raise not_a_model_dir(root)
     missing = [f for f in MODEL_FILES if not (root / f).is_file()]
     if missing:
         raise ModelLoadError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
@@ -178,5 +188,7 @@ def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: 
             )
         model = build_model(config, device=device, dtype=dtype, seed=seed).eval()
         return LoadedModel(model, tok, ChatTemplate(), name=name_or_path, card={"name": name_or_path, "trained": False})
+    if Path(name_or_path).expanduser().is_file():
+        raise not_a_model_dir(Path(name_or_path).expanduser())
     known = sorted(PRESETS) + sorted(p.name for p in PACKAGED_MODELS.glob("*") if p.is_dir())
     raise ModelLoadError(f"no model named {name_or_path!r}: not a directory, a user model or a preset (known: {', '.join(known)})")

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from agent.runtime.checkpoint import ModelLoadError, read_config, resolve_model_path
+from safetensors import SafetensorError, safe_open
+
+from agent.runtime.checkpoint import MODEL_FILES, ModelLoadError, not_a_model_dir, read_config, resolve_model_path
 from agent.runtime.config import PRESETS
 from agent.runtime.device import DeviceUnavailableError, resolve_device
 from agent.runtime.model import build_model
@@ -30,6 +32,25 @@ def is_block_matrix(name: str, p: torch.Tensor) -> bool:
     return name.startswith("blocks.") and p.dim() == 2 and name.endswith(("_proj.weight", "w1.weight", "w2.weight", "w3.weight"))
 
 
+def check_model_files(root: Path, config: Any) -> None:
+    """What loading would refuse, found from the file list and the weights' header alone:
+    a missing file, a truncated or unreadable model.safetensors, tensors that do not fit
+    the config. Raises ModelInfoError naming the file."""
+    missing = [f for f in MODEL_FILES if not (root / f).is_file()]
+    if missing:
+        raise ModelInfoError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
+    weights = root / "model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt") as f:  # checks the header covers the file
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelInfoError(f"{weights} is unreadable ({exc}); restore the file or re-export the model") from None
+    expected = {k: tuple(v.shape) for k, v in build_model(config, device="meta").state_dict().items()}
+    if shapes != expected:
+        differ = sorted(set(shapes) ^ set(expected)) or sorted(k for k in expected if shapes[k] != expected[k])
+        raise ModelInfoError(f"{weights} does not match config.json (e.g. {', '.join(differ[:3])}); restore the file or re-export the model")
+
+
 def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path | None = None) -> dict[str, Any]:
     try:
         dev = resolve_device(device)
@@ -42,10 +63,13 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
             config, card = read_config(path)
         except ModelLoadError as exc:
             raise ModelInfoError(str(exc)) from None
+        check_model_files(path, config)
         source = str(path)
     elif name_or_path in PRESETS:
         config = PRESETS[name_or_path]
         source = "preset"
+    elif Path(name_or_path).expanduser().is_file():
+        raise ModelInfoError(str(not_a_model_dir(Path(name_or_path).expanduser())))
     else:
         known = ", ".join(sorted(PRESETS))
         raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")

@@ -49,6 +49,7 @@ class TrainConfig:
     resume: str | None = None
     save_every: int | None = None  # default: at the end only
     stop_after: int | None = None  # stop (with a checkpoint) after this step, as if preempted
+    keep: int = 3  # numbered checkpoints kept (the newest)
     on_bad: str = "skip"
     device: str = "cpu"
     dtype: str = "float32"
@@ -60,7 +61,7 @@ class TrainConfig:
             raise TrainConfigError("give at least one data file or folder")
         if (self.steps is None) == (self.tokens is None):
             raise TrainConfigError("give exactly one of --steps or --tokens")
-        for name in ("steps", "tokens", "seq_len", "batch_tokens", "micro_batch", "eval_every", "save_every", "stop_after", "warmup"):
+        for name in ("steps", "tokens", "seq_len", "batch_tokens", "micro_batch", "eval_every", "save_every", "stop_after", "keep", "warmup"):
             value = getattr(self, name)
             if value is not None and (value <= 0 if name != "warmup" else value < 0):
                 raise TrainConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")

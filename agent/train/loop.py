@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -105,12 +106,14 @@ class Trainer:
         self.log(f"data: {report.summary()} -> {len(self.data)} sequences of {self.seq_len}")
 
         self.resume_doc: dict[str, Any] | None = None
+        self.resume_dir: Path | None = None
         if cfg.resume:
-            self.resume_doc = ckpt.read_trainer_state(cfg.resume)
+            self.resume_dir = ckpt.resolve_resume(cfg.resume)
+            self.resume_doc = ckpt.read_trainer_state(self.resume_dir)
             ckpt.check_same_base(self.resume_doc, resume=cfg.resume, config=c.to_dict(), fingerprint=self.base_fingerprint, name=base.name, tune=cfg.tune)
             if self.resume_doc.get("data_digest") != self.data_digest:
                 self.log("warning: the data differs from the checkpointed run; the continuation will not match it exactly")
-        elif (self.out / ckpt.TRAINER_DIR / ckpt.STATE_FILE).exists():
+        elif (self.out / ckpt.TRAINER_DIR / ckpt.STATE_FILE).exists() or ckpt.numbered_checkpoints(self.out):
             raise TrainConfigError(f"{self.out} already holds a finetune run; pass --resume {self.out} to continue it, or choose another --out")
         self._build_model()
 
@@ -118,7 +121,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.tune == "all":
             if self.resume_doc is not None:
-                model = load_model_dir(cfg.resume, device="cpu").model  # type: ignore[arg-type]
+                model = load_model_dir(self.resume_dir, device="cpu").model  # type: ignore[arg-type]
             else:
                 # A private fp32 copy: the caller's base model stays untouched.
                 model = build_model(self.base.config, device="meta")
@@ -138,7 +141,7 @@ class Trainer:
             if self.resume_doc is not None:
                 from agent.train.initial_state import load_initial_state
 
-                start = load_initial_state(Path(cfg.resume) / INITIAL_STATE_FILE, self.base, device=self.device)  # type: ignore[arg-type]
+                start = load_initial_state(self.resume_dir / INITIAL_STATE_FILE, self.base, device=self.device)  # type: ignore[operator]
             self.initial = InitialState(start).to(self.device)
             trainable = self.initial
             split = ParamSplit(muon=[], adamw=list(self.initial.named_parameters()))
@@ -153,10 +156,12 @@ class Trainer:
         )
         self.start_step, self.tokens_seen = 0, 0
         if self.resume_doc is not None:
-            ckpt.load_optimizer_state(self.opts, ckpt.read_optimizer_file(cfg.resume), names)  # type: ignore[arg-type]
+            ckpt.load_optimizer_state(self.opts, ckpt.read_optimizer_file(self.resume_dir), names)  # type: ignore[arg-type]
             self.start_step = int(self.resume_doc["step"])
             self.tokens_seen = int(self.resume_doc["tokens"])
-            self.log(f"resumed {cfg.resume} at step {self.start_step} ({self.tokens_seen:,} tokens); learning rates from this command line")
+            self.log(f"resumed {self.resume_dir} at step {self.start_step} ({self.tokens_seen:,} tokens); learning rates from this command line")
+            if cfg.stop_after is not None and cfg.stop_after <= self.start_step:
+                raise TrainConfigError(f"--stop-after {cfg.stop_after} is not after the resumed step {self.start_step}; give a later step")
         self.log(split.describe())
 
     # ---- steps --------------------------------------------------------------------------
@@ -226,10 +231,28 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, *, numbered: bool) -> Path:
+        """Write the run at `step`: into the output directory itself (the finished run), or
+        as the numbered checkpoint `step-NNNNNN/` (written aside, then renamed into place,
+        and the oldest beyond --keep deleted). Returns the directory."""
         cfg = self.cfg
+        final = self.out / ckpt.checkpoint_name(step) if numbered else self.out
+        target = self.out / f".{ckpt.checkpoint_name(step)}.partial" if numbered else self.out
         if self.info.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            if numbered and target.exists():
+                shutil.rmtree(target)  # left by a crash mid-save
+            target.mkdir(parents=True, exist_ok=True)
+        self._write(target, step)
+        if numbered and self.info.is_main:
+            if final.exists():
+                shutil.rmtree(final)
+            target.rename(final)
+            for old in ckpt.prune_checkpoints(self.out, cfg.keep):
+                self.log(f"removed old checkpoint {old.name} (--keep {cfg.keep})")
+        return final
+
+    def _write(self, target: Path, step: int) -> None:
+        cfg = self.cfg
         card = {**self.base.card, "name": self.out.name, "base": self.base.name, "base_fingerprint": self.base_fingerprint,
                 "finetune_steps": step, "finetune_tokens": self.tokens_seen, "trained": True}
         if cfg.tune == "all":
@@ -237,15 +260,15 @@ class Trainer:
             if self.info.is_main:
                 plain = build_model(self.base.config, device="meta")
                 plain.load_state_dict(weights, strict=True, assign=True)
-                save_model_dir(LoadedModel(plain, self.base.tokenizer, self.base.template, name=self.out.name), self.out, card=card)
+                save_model_dir(LoadedModel(plain, self.base.tokenizer, self.base.template, name=self.out.name), target, card=card)
         elif self.info.is_main:
             assert self.initial is not None
-            save_initial_state(self.initial.to_state(), self.out / INITIAL_STATE_FILE, fingerprint=self.base_fingerprint,
+            save_initial_state(self.initial.to_state(), target / INITIAL_STATE_FILE, fingerprint=self.base_fingerprint,
                                extra={"base": self.base.name, "steps": str(step)})
         meta = {"step": step, "tokens": self.tokens_seen, "tune": cfg.tune, "world": self.info.world, "data_digest": self.data_digest,
                 "base": {"name": self.base.name, "fingerprint": self.base_fingerprint, "config": self.base.config.to_dict()},
                 "train_config": cfg.to_dict()}
-        ckpt.save_trainer_state(self.out, self.info, opts=self.opts, names=self.param_names, meta=meta)
+        ckpt.save_trainer_state(target, self.info, opts=self.opts, names=self.param_names, meta=meta)
 
     # ---- run ----------------------------------------------------------------------------
 
@@ -253,9 +276,11 @@ class Trainer:
         t_start = time.perf_counter()
         self._setup()
         cfg = self.cfg
+        metrics_path = self.out / METRICS_FILE
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-        metrics_path = self.out / METRICS_FILE
+            if self.resume_doc is not None:
+                self._rewind(metrics_path)
         eval_start = self.evaluate()
         if eval_start is not None:
             self.log(f"eval loss before training: {eval_start:.4f}")
@@ -275,16 +300,31 @@ class Trainer:
                 if self._on_step:
                     self._on_step({**m, "total_steps": self.total_steps})
             if cfg.save_every and done % cfg.save_every == 0 and done != end:
-                self.save(done)
+                self.save(done, numbered=True)
         final_step = max(step + 1, self.start_step) if end > self.start_step else self.start_step
-        self.save(final_step)
-        summary = self._summary(final_step, eval_start, last_eval, time.perf_counter() - t_start)
+        # The output directory always holds the latest model, finished or stopped early
+        # (--stop-after), so `laplace chat -m OUT` and `--resume OUT` both take it as it is.
+        saved = self.save(final_step, numbered=False)
+        summary = {**self._summary(final_step, eval_start, last_eval, time.perf_counter() - t_start), "checkpoint": str(saved)}
         if self.info.is_main:
             # Also on disk, so a launcher of `torchrun -m agent.train` can read the outcome.
             (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2), encoding="utf-8")
             if self._on_finished:
                 self._on_finished(summary)
         return summary
+
+    def _rewind(self, metrics_path: Path) -> None:
+        """Resuming from an earlier step: set later checkpoints aside and drop their metrics
+        lines, so the output directory describes one consistent run."""
+        here = self.resume_dir.resolve()  # type: ignore[union-attr]
+        if self.out.resolve() in (here, here.parent):
+            for name in ckpt.set_aside_later(self.out, self.start_step):
+                self.log(f"set aside {name}: it continued from a later step than this resume")
+        if metrics_path.is_file():
+            lines = metrics_path.read_text(encoding="utf-8").splitlines()
+            kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= self.start_step]
+            if len(kept) != len(lines):
+                metrics_path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def _summary(self, step: int, eval_start: float | None, eval_end: float | None, wall: float) -> dict[str, Any]:
         h = self.history

@@ -32,6 +32,7 @@ from agent.chat_types import (
     TurnFinished,
     TurnStarted,
 )
+from agent.textsafe import displayable
 
 from .actions import ActionsMixin
 from .chat.messages import code_blocks
@@ -112,7 +113,7 @@ class LaplaceApp(ActionsMixin, App[None]):
 
     def say(self, message: str, severity: str = "information", timeout: float | None = None) -> None:
         """A notification whose text is never read as markup (service messages hold brackets)."""
-        self.notify(message, severity=severity, timeout=timeout, markup=False)  # type: ignore[arg-type]
+        self.notify(displayable(message), severity=severity, timeout=timeout, markup=False)  # type: ignore[arg-type]
 
     async def on_mount(self) -> None:
         if self.user_keymap:

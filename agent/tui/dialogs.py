@@ -9,6 +9,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown
 
+from agent.textsafe import displayable
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask a yes/no question; dismisses with True only on the confirm button."""
@@ -23,7 +25,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog-question")
+            yield Label(displayable(self.question), classes="dialog-question", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button(self.confirm_label, variant="error", id="confirm")
                 yield Button(self.cancel_label, id="cancel")
@@ -48,7 +50,7 @@ class TextInputScreen(ModalScreen["str | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.title_text, classes="dialog-question")
+            yield Label(displayable(self.title_text), classes="dialog-question", markup=False)
             yield Input(self.value, id="dialog-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -68,9 +70,9 @@ class RebuildScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(
-                f"The stored state can't be used: {self.reason}.\n"
-                "Rebuild it by replaying the transcript?",
-                classes="dialog-question",
+                displayable(f"The stored state can't be used: {self.reason}.\n"
+                            "Rebuild it by replaying the transcript?"),
+                classes="dialog-question", markup=False,
             )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Rebuild", variant="primary", id="rebuild")

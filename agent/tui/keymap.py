@@ -9,6 +9,30 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from textual.binding import Binding, BindingType
+from textual.keys import KEY_ALIASES, KEY_NAME_REPLACEMENTS, Keys, key_to_character
+
+MODIFIERS = ("ctrl", "alt", "shift", "meta", "super", "hyper")
+# Key names Textual reports (escape, f5, pageup, ...), the last part of each combination.
+_NAMED_KEYS = {k.value.rpartition("+")[2] for k in Keys if not k.value.startswith("<")}
+_NAMED_KEYS |= {"backtab", "newline", *KEY_ALIASES, *KEY_NAME_REPLACEMENTS.values()}
+_NAMED_KEYS |= {a.rpartition("+")[2] for v in KEY_ALIASES.values() for a in v}
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` (e.g. "ctrl+shift+up") is not a key Textual can report, or None if it is."""
+    *mods, base = key.split("+")
+    unknown = [m for m in mods if m not in MODIFIERS]
+    if unknown:
+        return f"unknown modifier {unknown[0]!r} (modifiers: {', '.join(MODIFIERS)})"
+    if len(set(mods)) != len(mods):
+        return "a modifier is repeated"
+    if not base:
+        return "no key after the modifiers"
+    if base in _NAMED_KEYS or (len(base) == 1 and base.isprintable() and not base.isspace()):
+        return None
+    if key_to_character(base) is not None:  # characters by name: question_mark, slash, ...
+        return None
+    return f"unknown key name {base!r} (e.g. a, f5, enter, escape, pageup, question_mark)"
 
 
 def binding_ids(groups: Iterable[Iterable[BindingType]]) -> dict[str, Binding]:
@@ -30,11 +54,19 @@ def validate_keymap(keymap: Mapping[str, object] | None, known: Iterable[str]) -
     for key, value in keymap.items():
         if key not in known_ids:
             raise ValueError(f"unknown key binding id {key!r} in keymap; known ids: {', '.join(sorted(known_ids))}")
+        usage = f"keymap entry {key!r} must be a key string like {key} = \"ctrl+r\" or \"f5,ctrl+r\""
         if isinstance(value, (list, tuple)):
-            value = ",".join(str(v) for v in value)
+            if not value or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{usage}, or a list of such strings; got {value!r}")
+            value = ",".join(value)
         if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"keymap entry {key!r} must be a key string like \"ctrl+r\" or \"f5,ctrl+r\"")
-        clean[key] = ",".join(part.strip() for part in value.split(",") if part.strip())
+            raise ValueError(f"{usage}; got {value!r}")
+        keys = [part.strip() for part in value.split(",")]
+        for name in keys:
+            problem = key_problem(name) if name else "an empty key between commas"
+            if problem:
+                raise ValueError(f"keymap entry {key!r}: {name!r} is not a valid key: {problem}")
+        clean[key] = ",".join(keys)
     return clean
 
 

@@ -18,13 +18,14 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from agent.chat_types import SearchHit, SessionView
+from agent.textsafe import displayable
 
 from .status import human_bytes
 
 
 def session_label(s: SessionView, current: bool) -> str:
     mark = "●" if current else " "
-    return (f"{mark} {s.name or '(unnamed)'}  ·  {s.uid[:8]}  ·  {s.turns:,} turns  ·  "
+    return (f"{mark} {displayable(s.name or '(unnamed)')}  ·  {s.uid[:8]}  ·  {s.turns:,} turns  ·  "
             f"{s.tokens_folded:,} tok  ·  {human_bytes(s.state_bytes)}  ·  {s.updated_at}")
 
 
@@ -66,7 +67,7 @@ class SessionsScreen(ModalScreen[None]):
                         "ctrl+d delete · type to filter, enter in the box to search transcripts)",
                         classes="dialog-question")
             yield Input(placeholder="filter by name or id; enter searches the transcripts", id="sessions-search")
-            yield OptionList(id="sessions-list")
+            yield OptionList(id="sessions-list", markup=False)  # names and snippets are user text
 
     def on_mount(self) -> None:
         self._refill()
@@ -92,7 +93,7 @@ class SessionsScreen(ModalScreen[None]):
                 options.add_option(Option("no matches", id="none", disabled=True))
             for i, h in enumerate(self.hits):
                 snippet = " ".join(h.snippet.split())
-                options.add_option(Option(f"{h.session_name} · {h.role}: {snippet}", id=f"hit:{i}"))
+                options.add_option(Option(displayable(f"{h.session_name} · {h.role}: {snippet}"), id=f"hit:{i}"))
         else:
             needle = self.query_one("#sessions-search", Input).value
             for s in self.sessions:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from agent.chat_types import StatusView
+from agent.textsafe import displayable
 
 
 def human_bytes(n: int) -> str:
@@ -36,7 +37,7 @@ def format_status(view: StatusView | None, *, activity: str = "") -> str:
         parts.append(f"{view.last_tokens_per_s:.1f} tok/s")
     if activity:
         parts.append(activity)
-    return " │ ".join(parts)
+    return displayable(" │ ".join(parts))  # session names are user text
 
 
 class StatusBar(Static):

@@ -132,3 +132,23 @@ def test_the_bundled_default_model_answers_in_turn():
         assert summary.session.model_id == "default"  # a name, not the install path
         reply = s.tail(summary.session.id, 1)[0]
         assert reply.stats["stop_reason"] == "stop"  # it ended its own turn
+
+
+def test_state_that_fails_to_parse_names_rebuild_state():
+    """Bytes that pass the store's checksum but not the runtime's parser (e.g. written by a
+    future format) must still tell the user about --rebuild-state."""
+    import hashlib
+    import sqlite3
+
+    laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "hi")
+    bad = b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"{}".ljust(16) + b"junk"
+    conn = sqlite3.connect(Settings.from_env().db_path)
+    conn.execute("UPDATE snapshot_data SET data = ?", [bad])
+    conn.execute("UPDATE state_snapshots SET sha256 = ?, byte_size = ?", [hashlib.sha256(bad).hexdigest(), len(bad)])
+    conn.commit()
+    conn.close()
+    res = laplace("ask", "-c", "x")
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.output
+    assert "not a laplace state" in res.stderr and "--rebuild-state" in res.stderr
+    res = laplace("ask", "-c", "--rebuild-state", "-o", "max_new_tokens", "2", "x")
+    assert res.exit_code == 0, res.output

@@ -160,3 +160,19 @@ def test_find_mention_counts_tokens_after_the_last_occurrence():
 
     assert find_mention([1, 2, 3, 9, 2, 3, 7, 7], [[2, 3]]) == 2
     assert find_mention([1, 2, 3], [[5]]) is None
+
+
+def test_session_with_an_unparsable_state_names_rebuild_state(session_db):
+    import hashlib
+    import sqlite3
+
+    home, uid, _ = session_db
+    bad = b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"{}".ljust(16) + b"junk"
+    conn = sqlite3.connect(home / "laplace.db")
+    conn.execute("UPDATE snapshot_data SET data = ?", [bad])
+    conn.execute("UPDATE state_snapshots SET sha256 = ?, byte_size = ?", [hashlib.sha256(bad).hexdigest(), len(bad)])
+    conn.commit()
+    conn.close()
+    r = _invoke(home, "session", uid, "--ask", "Q?")
+    _one_error_line(r)
+    assert "not a laplace state" in r.output and f"--session {uid[:8]} --rebuild-state" in r.output

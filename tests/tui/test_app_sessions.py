@@ -136,3 +136,28 @@ def test_filter_and_full_text_search() -> None:
 
     run(scenario, fake)
     assert ("search", "what is 4 + 4") in fake.calls
+
+
+def test_hostile_session_names_are_shown_as_text() -> None:
+    """A name with markup and escape sequences neither crashes the panel, the status bar
+    nor the delete dialog, and no raw control character reaches the screen."""
+    evil = "evil [/] [bold]x[/bold] \x1b]52;c;QQ==\x07 \x9b2J"
+    fake = FakeChatService(token_delay=0)
+    fake.add_history(2, name="alpha")
+    fake.add_history(2, name=evil)
+
+    async def scenario(app: LaplaceApp, pilot: Pilot) -> None:
+        status = str(app.status_bar.render())
+        assert "evil [/] [bold]x[/bold] ␛]52;c;QQ==␇" in status and "\x1b" not in status
+        screen = await open_panel(app, pilot)
+        shown = labels(screen)
+        assert any("evil [/] [bold]x[/bold] ␛]52" in label for label in shown)
+        assert not any(c in label for label in shown for c in "\x1b\x07\x9b")
+        await highlight(screen, pilot, "evil")
+        await pilot.press("ctrl+d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause()
+        question = str(app.screen.query_one(".dialog-question").render())
+        assert "evil [/] [bold]x[/bold]" in question and "\x1b" not in question
+
+    run(scenario, fake)
