@@ -61,7 +61,7 @@ def _self_check(lm: object) -> None:
     if not result.ok:
         raise fail(
             f"self-check failed: perplexity {result.perplexity:,.1f} is near chance for {lm.config.vocab_size:,} tokens, "  # type: ignore[attr-defined]
-            "so the conversion is likely wrong (or the checkpoint is untrained); the model was kept, remove it with rm -r"
+            f"so the conversion is likely wrong (or the checkpoint is untrained); the model was kept: rm -r {lm.path}"  # type: ignore[attr-defined]
         )
     typer.echo("self-check: ok")
 
