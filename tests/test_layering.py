@@ -31,7 +31,8 @@ def test_cli_import_is_light():
     assert "torch" not in imported_after("agent.cli")
 
 
-@pytest.mark.parametrize("module", ["agent.train.loop", "agent.train.data", "agent.probes.runner", "agent.probes.suites"])
+@pytest.mark.parametrize("module", ["agent.train.loop", "agent.train.data", "agent.probes.runner", "agent.probes.suites",
+                                    "agent.importers", "agent.importers.hub", "agent.importers.selfcheck", "agent.runtime.quant"])
 def test_train_and_probes_import_the_runtime_only(module):
     mods = imported_after(module)
     assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sessions"}}

@@ -99,8 +99,8 @@ class SSDMixer(nn.Module):
         self.out_proj = nn.Linear(c.value_dim, c.d_model, bias=c.proj_bias)
         self.decay_tap = nn.Identity()  # g passes through it, so probes can hook the decays
 
-    def log_decay(self, a: Tensor) -> Tensor:
-        """g = -exp(A_log) * dt, dt = softplus(a + dt_bias) clamped: [B, T, H] fp32."""
+    def log_decay(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """(g, dt): dt = softplus(a + dt_bias) clamped, g = -exp(A_log) * dt; [B, T, H] fp32 each."""
         c = self.config
         dt = F.softplus(a.float() + self.dt_bias.float())
         if c.dt_min > 0.0 or c.dt_max is not None:

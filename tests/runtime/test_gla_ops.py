@@ -105,3 +105,18 @@ def test_shape_errors_are_clear():
         gla_chunked(q, k, v, g, s0[:, :1])
     with pytest.raises(ValueError, match="exactly one token"):
         gla_step(q, k, v, g, s0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.3], ids=["mamba2-no-scale", "other-scale"])
+def test_explicit_scale_and_mamba_sized_decays(scale):
+    """Mamba-2 checkpoints use no 1/sqrt(K) scale and decays down to -20 per token (a
+    128-token chunk sums to -2560): all three forms still agree, and nothing overflows."""
+    q, k, v, g, s0 = make_inputs(1, 200, 3, 16, 8, (1.0, 4.0, 512.0))
+    g = g * torch.tensor([30.0, 1.0, 1.0])  # head 0: about -20 per token
+    o_ref, s_ref = gla_naive(q, k, v, g, s0, scale=scale)
+    o, s = gla_chunked(q, k, v, g, s0, chunk_size=128, scale=scale)
+    assert torch.isfinite(o).all() and rel_err(o, o_ref) < 1e-5 and rel_err(s, s_ref) < 1e-5
+    o1, _ = gla_step(q[:, :1], k[:, :1], v[:, :1], g[:, :1], s0, scale=scale)
+    assert rel_err(o1, o_ref[:, :1]) < 1e-5
+    o_default, _ = gla_naive(q, k, v, g, s0)
+    assert rel_err(o_default, o_ref) > 0.1  # the scale argument is really used
