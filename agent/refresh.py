@@ -10,8 +10,10 @@ conversations, so what it measures is what chat does.
 The rule, in order:
 1. content words of the message (lower case, stop words dropped, a plural "s" folded);
 2. a candidate turn is eligible only if it ended more than `horizon` tokens ago (turns
-   the state still holds are never repeated) and shares enough of those words: one when
-   the message has one or two content words, else two;
+   the state still holds are never repeated), shares enough of those words (one when
+   the message has one or two content words, else two), and is not superseded: a turn
+   within the horizon of the same role, not a question, sharing the same words or more
+   (a code stated, then updated: the state holds the update, the old value stays out);
 3. each eligible turn is cut down to its sentences sharing the most words with the
    message, and scored by the summed rarity (idf over the candidates) of the words it shares;
 4. the best are taken while the whole block, template tokens included, stays within
@@ -125,12 +127,16 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
     for c in pool:
         for t in qset & set(terms(c.text)):
             df[t] = df.get(t, 0) + 1
+    # Statements the state still holds: a faded turn they cover (same role, the same words
+    # of the message or more) has been superseded, e.g. a code stated, then updated.
+    recent = [(c.role, qset & set(terms(c.text))) for c in pool
+              if c.distance <= horizon and not c.text.rstrip().endswith("?")]
     ranked: list[Recalled] = []
     for c in pool:
         if c.distance <= horizon:
             continue
         shared = qset & set(terms(c.text))
-        if len(shared) < need:
+        if len(shared) < need or any(role == c.role and words >= shared for role, words in recent):
             continue
         score = sum(math.log(1 + len(pool) / df[t]) for t in shared)
         ranked.append(Recalled(c.turn_id, c.role, _relevant_part(c.text, qset), c.distance, round(score, 6)))

@@ -30,7 +30,7 @@ def test_only_faded_relevant_turns_are_recalled_oldest_first() -> None:
         Candidate(2, "assistant", "Noted.", distance=890),
         Candidate(3, "user", "The weather is nice and the garden is green.", distance=500),
         Candidate(4, "user", "I changed the locker code: it is 55555 now.", distance=300),
-        Candidate(5, "user", "My locker code is 11111.", distance=50),  # still within the horizon
+        Candidate(5, "user", "Do you still know my locker code?", distance=50),  # within the horizon
     ]
     assert pick("What is my locker code?", cands) == [1, 4]
     assert pick("What is my locker code?", cands, horizon=1000) == []
@@ -78,3 +78,13 @@ def test_the_rule_imports_neither_torch_nor_the_store() -> None:
     code = "import sys, agent.refresh; print('\\n'.join(sys.modules))"
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert not {m for m in mods if m.split(".")[0] in {"torch", "sqlite3", "sqlite_utils", "sessions", "textual"}}
+
+
+def test_a_faded_statement_superseded_by_a_recent_one_stays_out() -> None:
+    old = Candidate(1, "user", "The code for the jade trunk is 111.", 900)
+    update = Candidate(2, "user", "Update: the code for the jade trunk is now 222.", 50)
+    asked = Candidate(3, "user", "What is the code for the jade trunk?", 40)
+    reply = Candidate(4, "assistant", "The code for the jade trunk is 111.", 30)
+    q = "What is the code for the jade trunk?"
+    assert pick(q, [old, update]) == []  # the state holds the update
+    assert pick(q, [old, asked, reply]) == [1]  # a question or another role does not supersede

@@ -69,6 +69,7 @@ def test_the_block_stays_within_its_token_budget(make_service):
     svc.new_session()
     for i in range(6):
         run(svc.send(f"Note {i}: the locker code for box {i} is {10000 + i}, keep it safe."))
+    run(svc.send(CHATTER))  # every note is now past the horizon
     events = run(svc.send("Which locker code did I give you for the box?"))
     block = next(e for e in events if isinstance(e, TurnStarted)).recall_turn
     assert block is not None
