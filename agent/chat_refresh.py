@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the browsing half of the service imports `is_recall` withou
     from agent.runtime.sampling import SamplingOptions
 
 ROLE = "document"
+RECENT_TURNS = 64  # turns within the horizon looked at for statements that supersede faded ones
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,15 @@ class RecallRefresh:
         if not words:
             return None
         head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
-        hits = self.store.branch_matches(session.id, words, turn_id=head.id, limit=refresh.MAX_CANDIDATES)
-        candidates = [refresh.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total) for t in hits]
         horizon = self.horizon(opts)
+        # Faded candidates from the index (only those, so recent chatter cannot crowd them
+        # out of its best hits); the turns within the horizon, which may supersede them,
+        # from the branch's tail.
+        faded = self.store.branch_matches(session.id, words, turn_id=head.id, limit=refresh.MAX_CANDIDATES,
+                                          ending_by=head.tokens_total - horizon - 1)
+        recent = [t for t in self.store.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
+        candidates = [refresh.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
+                      for t in [*faded, *recent] if not is_recall(t)]
         chosen = refresh.select(message, candidates, horizon=horizon, budget=opts.refresh_tokens,
                                 count=lambda text: len(self.block_ids(text)))
         if not chosen:

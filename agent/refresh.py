@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Sequence
 HEADER = "Recalled from earlier in this conversation:"
 DEFAULT_BUDGET = 256  # tokens per turn, template tokens included
 MAX_CANDIDATES = 50  # how many full-text hits the chat service passes in
+MAX_CHARS_PER_TOKEN = 16  # a line longer than budget x this many characters is not tried
 RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
 # Labels for whose words a recalled line holds; the block is read by the assistant.
 ROLE_LABELS = {"user": "User", "assistant": "Assistant", "document": "Document", "system": "System"}
@@ -144,6 +145,8 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
     ranked.sort(key=lambda r: (-r.score, r.distance, -r.turn_id))
     chosen: list[Recalled] = []
     for r in ranked:
+        if len(r.line) > budget * MAX_CHARS_PER_TOKEN:  # cannot fit: spare tokenizing it
+            continue
         trial = sorted(chosen + [r], key=lambda x: (-x.distance, x.turn_id))
         if count(render(trial)) <= budget:
             chosen = trial

@@ -226,10 +226,11 @@ class ExtrasMixin(_Base):
                           created_at=r[5]) for r in rows]
 
     def branch_matches(self, session: SessionRef, words: list[str], *, turn_id: int | None = None,
-                       limit: int = 50) -> list[Turn]:
+                       ending_by: int | None = None, limit: int = 50) -> list[Turn]:
         """Turns on the branch ending at `turn_id` (default: head) that contain any of
-        `words` (FTS5, best bm25 first), for recall refresh. Recall blocks themselves
-        (document turns whose stats say kind "recall") and streaming turns are left out.
+        `words` (FTS5, best bm25 first), for recall refresh; with `ending_by`, only turns
+        that end at or before that token position. Recall blocks themselves (document
+        turns whose stats say kind "recall") and streaming turns are left out.
 
         Cost: the index lookup, then a walk up the branch only as far as the oldest hit."""
         s = self.get_session(session)
@@ -240,9 +241,10 @@ class ExtrasMixin(_Base):
         rows = self.db.execute(
             f"""SELECT {prefixed(TURN_COLS, 't')} FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid
                 WHERE turns_fts MATCH ? AND t.session_id = ? AND t.status != 'streaming'
-                  AND t.depth <= ? AND coalesce(json_extract(t.stats, '$.kind'), '') != 'recall'
+                  AND t.depth <= ? AND t.tokens_total <= ?
+                  AND coalesce(json_extract(t.stats, '$.kind'), '') != 'recall'
                 ORDER BY rank LIMIT ?""",
-            [terms, s.id, head.depth, limit],
+            [terms, s.id, head.depth, head.tokens_total if ending_by is None else ending_by, limit],
         ).fetchall()
         hits = [to_turn(r) for r in rows]
         if not hits:

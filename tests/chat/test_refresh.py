@@ -86,3 +86,14 @@ def test_regenerate_after_a_recall_keeps_the_block_and_the_mark(make_service):
     final = events[-1].turn
     assert final.used_recall and final.sibling_count == 2
     assert_state_matches_transcript(svc)
+
+
+def test_a_recent_update_supersedes_the_faded_statement(make_service):
+    svc = make_service(refresh_horizon=200)
+    svc.new_session()
+    run(svc.send(FACT))
+    for _ in range(3):
+        run(svc.send(CHATTER))
+    run(svc.send("Update: my locker code is now 55555."))
+    events = run(svc.send("What is my locker code?"))
+    assert next(e for e in events if isinstance(e, TurnStarted)).recall_turn is None  # the state holds the update

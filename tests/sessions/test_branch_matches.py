@@ -21,3 +21,12 @@ def test_matches_stay_on_the_branch_and_skip_recall_blocks(store) -> None:
     assert store.branch_matches(s.id, ["garden"]) == []  # that turn is on the other branch
     assert store.branch_matches(s.id, []) == []
     assert store.branch_matches(s.id, ['"quoted', "code"])  # FTS syntax in words is taken literally
+
+
+def test_ending_by_keeps_only_turns_that_end_early_enough(store) -> None:
+    s = store.create_session(model_id="tiny", system_prompt="")
+    a = store.begin_turn(s.id, role="user", content="the locker code", token_ids=[1] * 10)
+    store.begin_turn(s.id, role="user", content="the locker again", token_ids=[1] * 10)
+    assert len(store.branch_matches(s.id, ["locker"])) == 2
+    assert [t.id for t in store.branch_matches(s.id, ["locker"], ending_by=a.tokens_total)] == [a.id]
+    assert store.branch_matches(s.id, ["locker"], ending_by=a.tokens_total - 1) == []
