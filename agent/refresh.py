@@ -11,9 +11,9 @@ The rule, in order:
 1. content words of the message (lower case, stop words dropped, a plural "s" folded);
 2. a candidate turn is eligible only if it ended more than `horizon` tokens ago (turns
    the state still holds are never repeated), shares enough of those words (one when
-   the message has one or two content words, else two), and is not superseded: a turn
-   within the horizon of the same role, not a question, sharing the same words or more
-   (a code stated, then updated: the state holds the update, the old value stays out);
+   the message has one or two content words, else two), and is not superseded: a later
+   turn of the same role, not a question, sharing the same words or more (a code stated,
+   then updated: only the update counts; if it is within the horizon, nothing is recalled);
 3. each eligible turn is cut down to its sentences sharing the most words with the
    message, and scored by the summed rarity (idf over the candidates) of the words it shares;
 4. the best are taken while the whole block, template tokens included, stays within
@@ -128,16 +128,15 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
     for c in pool:
         for t in qset & set(terms(c.text)):
             df[t] = df.get(t, 0) + 1
-    # Statements the state still holds: a faded turn they cover (same role, the same words
-    # of the message or more) has been superseded, e.g. a code stated, then updated.
-    recent = [(c.role, qset & set(terms(c.text))) for c in pool
-              if c.distance <= horizon and not c.text.rstrip().endswith("?")]
+    # Statements: a later one of the same role covering the same words of the message (or
+    # more) supersedes an earlier one, e.g. a code stated, then updated.
+    said = [(c.distance, c.role, qset & set(terms(c.text))) for c in pool if not c.text.rstrip().endswith("?")]
     ranked: list[Recalled] = []
     for c in pool:
         if c.distance <= horizon:
             continue
         shared = qset & set(terms(c.text))
-        if len(shared) < need or any(role == c.role and words >= shared for role, words in recent):
+        if len(shared) < need or any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
             continue
         score = sum(math.log(1 + len(pool) / df[t]) for t in shared)
         ranked.append(Recalled(c.turn_id, c.role, _relevant_part(c.text, qset), c.distance, round(score, 6)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 from agent import refresh
 from agent.refresh import Candidate, horizon_from_card, render, select, terms
@@ -32,7 +33,7 @@ def test_only_faded_relevant_turns_are_recalled_oldest_first() -> None:
         Candidate(4, "user", "I changed the locker code: it is 55555 now.", distance=300),
         Candidate(5, "user", "Do you still know my locker code?", distance=50),  # within the horizon
     ]
-    assert pick("What is my locker code?", cands) == [1, 4]
+    assert pick("What is my locker code?", cands) == [4]  # 4 restates (supersedes) 1
     assert pick("What is my locker code?", cands, horizon=1000) == []
     assert pick("How is the weather?", cands) == [3]
     assert pick("What is it?", cands) == []  # no content words: nothing to look for
@@ -54,12 +55,13 @@ def test_only_the_sentences_that_matter_are_repeated() -> None:
 
 
 def test_the_block_never_exceeds_the_budget() -> None:
-    cands = [Candidate(i, "user", f"note {i}: the locker code is {10000 + i}.", 200 + 10 * i) for i in range(40)]
+    cands = [Candidate(i, "user", f"box{i} locker code is {10000 + i}.", 200 + 10 * i) for i in range(40)]
+    q = "locker codes of " + " ".join(f"box{i}" for i in range(40))
     for budget in (8, 12, 30, 80):
-        chosen = select("locker code?", cands, horizon=100, budget=budget, count=words)
+        chosen = select(q, cands, horizon=100, budget=budget, count=words)
         assert words(render(chosen)) <= budget
-    assert select("locker code?", cands, horizon=100, budget=5, count=words) == []  # not even the header fits
-    assert len(select("locker code?", cands, horizon=100, budget=80, count=words)) > 3
+    assert select(q, cands, horizon=100, budget=5, count=words) == []  # not even the header fits
+    assert len(select(q, cands, horizon=100, budget=80, count=words)) > 3
 
 
 def test_ties_prefer_the_newer_turn() -> None:
@@ -87,4 +89,5 @@ def test_a_faded_statement_superseded_by_a_recent_one_stays_out() -> None:
     reply = Candidate(4, "assistant", "The code for the jade trunk is 111.", 30)
     q = "What is the code for the jade trunk?"
     assert pick(q, [old, update]) == []  # the state holds the update
+    assert pick(q, [old, replace(update, distance=500)]) == [2]  # both faded: only the update
     assert pick(q, [old, asked, reply]) == [1]  # a question or another role does not supersede

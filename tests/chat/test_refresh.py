@@ -70,7 +70,7 @@ def test_the_block_stays_within_its_token_budget(make_service):
     for i in range(6):
         run(svc.send(f"Note {i}: the locker code for box {i} is {10000 + i}, keep it safe."))
     run(svc.send(CHATTER))  # every note is now past the horizon
-    events = run(svc.send("Which locker code did I give you for the box?"))
+    events = run(svc.send("Which locker codes did I give you for box 0, box 1, box 2, box 3, box 4 and box 5?"))
     block = next(e for e in events if isinstance(e, TurnStarted)).recall_turn
     assert block is not None
     ids = svc.store.turn_token_ids(block.id)
