@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the browsing half of the service imports `is_recall` withou
     from agent.runtime.checkpoint import LoadedModel
     from agent.runtime.sampling import SamplingOptions
 
-ROLE = "document"
+ROLE = refresh.BLOCK_ROLE
 RECENT_TURNS = 64  # turns within the horizon looked at for statements that supersede faded ones
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 HEADER = "Recalled from earlier in this conversation:"
+BLOCK_ROLE = "document"  # the chat-template role a recall block is folded as
 DEFAULT_BUDGET = 256  # tokens per turn, template tokens included
 MAX_CANDIDATES = 50  # how many full-text hits the chat service passes in
 MAX_CHARS_PER_TOKEN = 16  # a line longer than budget x this many characters is not tried

@@ -123,6 +123,8 @@ class SuiteRunner:
         for p in suite.probes:
             parse_probe(p)
         speed = self.warmup(next(iter(filler_objs.values())), min(suite.trials, WARMUP_ROWS)) if budget_s is not None else None
+        if speed is not None and self.refresh != "off":  # each distance is asked twice
+            speed = replace(speed, s_per_ask=2 * speed.s_per_ask)
         plan = plan_suite(suite, budget_s, speed)
         s = plan.suite
         out = Outcome(s, self.seed, self.style, skipped=list(plan.skipped), plan=plan)
@@ -199,11 +201,11 @@ class SuiteRunner:
         base = len(cands)
         cands += [recall.Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
         chosen = recall.select(sample.asked, cands, horizon=self.horizon, budget=self.refresh_tokens,
-                               count=lambda t: len(template.message(tok, "document", t)))
+                               count=lambda t: len(template.message(tok, recall.BLOCK_ROLE, t)))
         if not chosen:
             return [], False
         hit = any(r.turn_id < base and sample.answer in r.line for r in chosen)
-        return template.message(tok, "document", recall.render(chosen)), hit
+        return template.message(tok, recall.BLOCK_ROLE, recall.render(chosen)), hit
 
     def _state_metrics(self, out: Outcome, s: Suite, filler: Filler, distances: list[int], deadline: Deadline) -> None:
         rng = _stream_rng(self.seed, s.name, "passkey", filler.name, 0)
