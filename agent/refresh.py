@@ -15,7 +15,8 @@ The rule, in order:
    turn of the same role, not a question, sharing the same words or more (a code stated,
    then updated: only the update counts; if it is within the horizon, nothing is recalled);
 3. each eligible turn is cut down to its sentences sharing the most words with the
-   message, and scored by the summed rarity (idf over the candidates) of the words it shares;
+   message (left out if those are all questions: an earlier "what is my code?" holds
+   no answer), and scored by the summed rarity (idf over the candidates) of the words it shares;
 4. the best are taken while the whole block, template tokens included, stays within
    `budget` tokens; ties go to the more recent turn (after an update, the new value);
 5. the block lists them oldest first, under a header that says what it is.
@@ -107,6 +108,12 @@ def _relevant_part(text: str, query: set[str]) -> str:
     return " ".join(p for p, n in zip(parts, shared) if n == best) if best else text.strip()
 
 
+def _is_question(text: str) -> bool:
+    """Every sentence of `text` is a question."""
+    parts = [p.strip() for p in _SENTENCE.split(text) if p.strip()]
+    return bool(parts) and all(p.endswith("?") for p in parts)
+
+
 def render(chosen: Sequence[Recalled]) -> str:
     """The recall block's text: the header, then one line per turn, oldest first."""
     lines = [f"{ROLE_LABELS.get(r.role, r.role.title())}: {r.line}" for r in chosen]
@@ -131,7 +138,7 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
             df[t] = df.get(t, 0) + 1
     # Statements: a later one of the same role covering the same words of the message (or
     # more) supersedes an earlier one, e.g. a code stated, then updated.
-    said = [(c.distance, c.role, qset & set(terms(c.text))) for c in pool if not c.text.rstrip().endswith("?")]
+    said = [(c.distance, c.role, qset & set(terms(c.text))) for c in pool if not _is_question(c.text)]
     ranked: list[Recalled] = []
     for c in pool:
         if c.distance <= horizon:
@@ -139,8 +146,11 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
         shared = qset & set(terms(c.text))
         if len(shared) < need or any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
             continue
+        line = _relevant_part(c.text, qset)
+        if _is_question(line):  # an earlier question carries no answer, only the same words
+            continue
         score = sum(math.log(1 + len(pool) / df[t]) for t in shared)
-        ranked.append(Recalled(c.turn_id, c.role, _relevant_part(c.text, qset), c.distance, round(score, 6)))
+        ranked.append(Recalled(c.turn_id, c.role, line, c.distance, round(score, 6)))
     # Best score first; among equals the most recent (smallest distance), then the newest id.
     ranked.sort(key=lambda r: (-r.score, r.distance, -r.turn_id))
     chosen: list[Recalled] = []

@@ -91,3 +91,11 @@ def test_a_faded_statement_superseded_by_a_recent_one_stays_out() -> None:
     assert pick(q, [old, update]) == []  # the state holds the update
     assert pick(q, [old, replace(update, distance=500)]) == [2]  # both faded: only the update
     assert pick(q, [old, asked, reply]) == [1]  # a question or another role does not supersede
+
+
+def test_earlier_questions_are_not_recalled() -> None:
+    cands = [Candidate(1, "user", "My locker code is 48213. Will you remember it?", 900),
+             Candidate(2, "user", "What is my locker code?", 600),
+             Candidate(3, "user", "Do you know my locker code? And the gym one?", 500)]
+    chosen = select("What is my locker code?", cands, horizon=100, budget=200, count=words)
+    assert [(r.turn_id, r.line) for r in chosen] == [(1, "My locker code is 48213.")]
