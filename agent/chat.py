@@ -206,13 +206,7 @@ class ChatService(SessionBrowsing):
             state = self._state_now()
             ids = self.lm.template.message(self.lm.tokenizer, "user", text)
             recall = self._guard(lambda: self.refresher.plan(session, text, self.options))
-
-            def store_turns() -> tuple[Turn | None, Turn]:
-                with self.store.transaction():  # the recall block and the message land together
-                    block = self.refresher.store_turn(session, recall) if recall is not None else None
-                    return block, self.store.begin_turn(session.id, role="user", content=text, token_ids=ids)
-
-            block, user = self._guard(store_turns)
+            block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
             if recall is not None:
                 _, state = self.runner.prefill(recall.token_ids, state)
             _, state = self.runner.prefill(ids, state)

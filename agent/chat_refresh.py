@@ -83,12 +83,17 @@ class RecallRefresh:
         text = refresh.render(chosen)
         return RecallPlan(text, self.block_ids(text), [r.turn_id for r in chosen], horizon)
 
-    def store_turn(self, session: Session, plan: RecallPlan) -> Turn:
-        """The block as a complete `document` turn at the head (inside the caller's
-        transaction, so it lands together with the user's message)."""
-        turn = self.store.begin_turn(session.id, role=ROLE, content=plan.text, token_ids=plan.token_ids)
-        stats = {"kind": "recall", "turns": plan.turn_ids, "horizon": plan.horizon, "tokens": len(plan.token_ids)}
-        return self.store.commit_turn(turn.id, status="complete", token_ids=plan.token_ids, stats=stats)
+    def store_with_message(self, session: Session, plan: RecallPlan | None, text: str,
+                           ids: list[int]) -> tuple[Turn | None, Turn]:
+        """Store the block (if any) as a complete `document` turn at the head, then the
+        user's message after it, in one transaction: both land, or neither."""
+        with self.store.transaction():
+            block = None
+            if plan is not None:
+                turn = self.store.begin_turn(session.id, role=ROLE, content=plan.text, token_ids=plan.token_ids)
+                stats = {"kind": "recall", "turns": plan.turn_ids, "horizon": plan.horizon, "tokens": len(plan.token_ids)}
+                block = self.store.commit_turn(turn.id, status="complete", token_ids=plan.token_ids, stats=stats)
+            return block, self.store.begin_turn(session.id, role="user", content=text, token_ids=ids)
 
 
 def is_recall(turn: Turn) -> bool:

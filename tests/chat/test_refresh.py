@@ -97,3 +97,31 @@ def test_a_recent_update_supersedes_the_faded_statement(make_service):
     run(svc.send("Update: my locker code is now 55555."))
     events = run(svc.send("What is my locker code?"))
     assert next(e for e in events if isinstance(e, TurnStarted)).recall_turn is None  # the state holds the update
+
+
+def test_the_block_and_the_message_land_together_or_not_at_all(make_service, monkeypatch):
+    import pytest
+
+    from agent.chat_types import ChatError
+    from sessions import SessionError
+
+    svc = make_service(refresh_horizon=200)
+    svc.new_session()
+    run(svc.send(FACT))
+    for _ in range(3):
+        run(svc.send(CHATTER))
+    head = svc.store.get_session(svc.session.uid).head_turn_id
+    real = svc.store.begin_turn
+
+    def refuse_messages(*args, **kwargs):
+        if kwargs.get("role") == "user":
+            raise SessionError("disk full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(svc.store, "begin_turn", refuse_messages)
+    with pytest.raises(ChatError, match="disk full"):
+        run(svc.send("What is my locker code?"))
+    monkeypatch.undo()
+    assert svc.store.get_session(svc.session.uid).head_turn_id == head
+    assert svc.store.db.execute("SELECT count(*) FROM turns WHERE role = 'document'").fetchone()[0] == 0
+    assert_state_matches_transcript(svc)
