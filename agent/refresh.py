@@ -35,6 +35,7 @@ HEADER = "Recalled from earlier in this conversation:"
 BLOCK_ROLE = "document"  # the chat-template role a recall block is folded as
 DEFAULT_BUDGET = 256  # tokens per turn, template tokens included
 MAX_CANDIDATES = 50  # how many full-text hits the chat service passes in
+MAX_QUERY_WORDS = 32  # words of the message looked up in the index
 MAX_CHARS_PER_TOKEN = 16  # a line longer than budget x this many characters is not tried
 RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
 # Labels for whose words a recalled line holds; the block is read by the assistant.
@@ -89,12 +90,15 @@ def _stem(word: str) -> str:
     return word
 
 
-def query_words(text: str) -> list[str]:
-    """The words to look up in the full-text index (its own stemmer folds their forms)."""
+def query_words(text: str, limit: int = MAX_QUERY_WORDS) -> list[str]:
+    """The words to look up in the full-text index (its own stemmer folds their forms):
+    the first `limit` distinct content words, so a pasted page stays a cheap lookup."""
     seen: dict[str, None] = {}
     for w in _WORD.findall(text.lower()):
         if w not in STOP_WORDS and (len(w) >= 2 or w.isdigit()):
             seen[w] = None
+            if len(seen) >= limit:
+                break
     return list(seen)
 
 

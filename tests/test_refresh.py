@@ -21,6 +21,9 @@ def pick(message: str, cands: list[Candidate], horizon: int = 100, budget: int =
 
 def test_terms_drop_stop_words_and_fold_plurals() -> None:
     assert terms("What is my locker code?") == ["locker", "code"]
+    assert refresh.query_words("What is my locker code? " + " ".join(f"w{i}" for i in range(100)))[:3] == [
+        "locker", "code", "w0"]
+    assert len(refresh.query_words(" ".join(f"w{i}" for i in range(100)))) == refresh.MAX_QUERY_WORDS
     assert terms("The codes for my lockers") == ["code", "locker"]
     assert terms("what is it?") == []
 
