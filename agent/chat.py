@@ -26,6 +26,7 @@ import torch
 from agent.chat_browse import SessionBrowsing, guarded
 from agent.chat_docs import fold_document, read_document
 from agent.chat_recovery import check_token_chain, fold_interrupted, prepare_rebuild
+from agent.chat_refresh import RecallRefresh
 from agent.chat_types import (
     ChatError,
     ChatEvent,
@@ -63,6 +64,7 @@ class ChatService(SessionBrowsing):
         self.device = device
         self.defaults = options or SamplingOptions()
         self.options = self.defaults
+        self.refresher = RecallRefresh(lm, store)
         self._session: Session | None = None
         self._state: RecurrentState | None = None
         self._lease = None
@@ -209,10 +211,14 @@ class ChatService(SessionBrowsing):
             _check_text(text, "message")
             state = self._state_now()
             ids = self.lm.template.message(self.lm.tokenizer, "user", text)
-            user = self._guard(lambda: self.store.begin_turn(session.id, role="user", content=text, token_ids=ids))
+            recall = self._guard(lambda: self.refresher.plan(session, text, self.options))
+            block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
+            if recall is not None:
+                _, state = self.runner.prefill(recall.token_ids, state)
             _, state = self.runner.prefill(ids, state)
             self._state = state  # the user turn is stored; the live state has read it
-            yield from self._reply(session, state, cancel, user_turn=self._turn_view(user))
+            yield from self._reply(session, state, cancel, user_turn=self._turn_view(user),
+                                   recall_turn=self._turn_view(block) if block is not None else None)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """A new sibling reply to the last user message; the old reply stays in history."""
@@ -244,13 +250,14 @@ class ChatService(SessionBrowsing):
             return self._turn_view(self.store.get_turn(target.id))
 
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
-               user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None) -> Iterator[ChatEvent]:
+               user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None,
+               recall_turn: TurnView | None = None) -> Iterator[ChatEvent]:
         tok, template = self.lm.tokenizer, self.lm.template
         if regenerate_of is not None:
             turn = self._guard(lambda: self.store.regenerate(regenerate_of))
         else:
             turn = self._guard(lambda: self.store.begin_turn(session.id, role="assistant"))
-        yield TurnStarted(user_turn, turn.id)
+        yield TurnStarted(user_turn, turn.id, recall_turn)
         prefix = template.reply_prefix(tok)
         opts = self.options
         gen = None

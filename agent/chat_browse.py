@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
+from agent.chat_refresh import is_recall
 from agent.chat_types import ChatError, SearchHit, SessionView, StatusView, TurnView
 from sessions import Session, SessionError, SessionSummary, Turn
 
@@ -80,7 +81,15 @@ class SessionBrowsing:
     def _turn_view(self, t: Turn) -> TurnView:
         sibs = self.store.siblings(t.id) if t.role in ("assistant", "user") else [t]
         index = next((i for i, s in enumerate(sibs) if s.id == t.id), 0)
-        return TurnView(t.id, t.role, t.content, t.status, t.parent_id, t.n_tokens, index, len(sibs))
+        return TurnView(t.id, t.role, t.content, t.status, t.parent_id, t.n_tokens, index, len(sibs),
+                        kind="recall" if is_recall(t) else "", used_recall=self._after_recall(t))
+
+    def _after_recall(self, t: Turn) -> bool:
+        """A reply whose message came right after a recall block (the block, the message, it)."""
+        if t.role != "assistant" or t.parent_id is None:
+            return False
+        user = self.store.get_turn(t.parent_id)
+        return user.parent_id is not None and is_recall(self.store.get_turn(user.parent_id))
 
     def _view(self, s: Session, summary: SessionSummary | None = None) -> SessionView:
         summary = summary or self.store.summary(s.id)

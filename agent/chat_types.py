@@ -25,6 +25,8 @@ class TurnView:
     n_tokens: int = 0
     sibling_index: int = 0  # position among its siblings (edits / regenerations)
     sibling_count: int = 1
+    kind: str = ""  # "recall": a recall block (a document turn the service added itself)
+    used_recall: bool = False  # a reply written right after a recall block
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class ProbeAnswer:
 class TurnStarted:
     user_turn: TurnView | None  # None for regenerate
     assistant_turn_id: int
+    recall_turn: TurnView | None = None  # the recall block folded before the message, if any
 
 
 @dataclass(frozen=True)

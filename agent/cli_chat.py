@@ -252,6 +252,9 @@ def ask(
             assistant_turn_id=finished.id, reply=finished.content, status=finished.status,
             new_tokens=stats.new_tokens if stats else 0, tokens_per_s=stats.tokens_per_s if stats else 0.0,
             tokens_folded=stats.tokens_folded if stats else 0)
+        if started.recall_turn is not None:  # recall refresh folded a block before the message
+            result.extra["recall"] = {"turn_id": started.recall_turn.id, "tokens": started.recall_turn.n_tokens,
+                                      "text": started.recall_turn.content}
         typer.echo(json.dumps(asdict(result), ensure_ascii=False))
     else:
         sys.stdout.write("\n")

@@ -46,7 +46,7 @@ def _threads(n: int) -> None:
 @app.command("run")
 def run(
     model: str = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'."),
-    suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full"),
+    suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full | refresh"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped (default: quick 45, standard 600)."),
     no_budget: bool = typer.Option(False, "--no-budget", help="Run the suite's whole grid whatever it takes."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report JSON here."),
@@ -57,6 +57,9 @@ def run(
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)"),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default; 1 is fastest for tiny models)."),
     no_record: bool = typer.Option(False, "--no-record", help="Do not store the run in the database."),
+    refresh: Optional[str] = typer.Option(None, "--refresh", help="Recall refresh: off | on | both (rows PROBE+refresh beside PROBE; default: the suite's, 'both' for --suite refresh)."),
+    refresh_tokens: int = typer.Option(256, "--refresh-tokens", help="Most tokens a recall block may take."),
+    refresh_horizon: int = typer.Option(0, "--refresh-horizon", help="Recall only turns older than this many tokens (0: the model's horizon)."),
 ) -> None:
     """Run a probe suite and print accuracy by distance, D50/H90 and the state metrics."""
     from dataclasses import replace
@@ -77,6 +80,11 @@ def run(
         raise _fail(f"unknown prompt style {style!r}; choose auto, completion or chat")
     if budget is not None and budget <= 0:
         raise _fail("--budget must be a positive number of seconds")
+    refresh = refresh or chosen.refresh
+    if refresh not in ("off", "on", "both"):
+        raise _fail(f"unknown --refresh {refresh!r}; choose off, on or both")
+    if refresh_tokens < 16 or refresh_horizon < 0:
+        raise _fail("--refresh-tokens must be >= 16 and --refresh-horizon >= 0")
     if budget is None and not no_budget:
         budget = chosen.default_budget_s
     if no_budget:
@@ -95,7 +103,8 @@ def run(
         raise _fail(str(exc)) from None
     t0 = time.perf_counter()
     outcome = run_suite(loaded, chosen, budget_s=budget, seed=seed, style=style,
-                        log=lambda m: typer.echo(f"  {m}", err=True))
+                        log=lambda m: typer.echo(f"  {m}", err=True), refresh=refresh,
+                        refresh_tokens=refresh_tokens, refresh_horizon=refresh_horizon)
     elapsed = time.perf_counter() - t0
     report = build_report(outcome, loaded, device=dev)
     typer.echo(render(report))

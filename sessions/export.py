@@ -20,7 +20,8 @@ def to_json(s: Session, branch: Sequence[Turn]) -> dict[str, Any]:
     """`messages` keeps every turn with its status, so a trainer can skip cancelled replies."""
     messages = [
         {"role": t.role, "content": t.content, "status": t.status, "turn_id": t.id,
-         "n_tokens": t.n_tokens, "created_at": t.created_at}
+         "n_tokens": t.n_tokens, "created_at": t.created_at,
+         **({"kind": "recall"} if _is_recall(t) else {})}
         for t in branch
         # an empty root (no system prompt) is not a message anyone wrote
         if not (t.role == "system" and not t.content)
@@ -35,5 +36,11 @@ def to_markdown(s: Session, branch: Sequence[Turn]) -> str:
         if t.role == "system" and not t.content:
             continue
         flag = "" if t.status == "complete" else f" ({t.status})"
-        lines += [f"## {t.role}{flag}", "", t.content, ""]
+        role = "recall (document)" if _is_recall(t) else t.role
+        lines += [f"## {role}{flag}", "", t.content, ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _is_recall(t: Turn) -> bool:
+    """A recall block that recall refresh folded in (not something anyone wrote)."""
+    return t.role == "document" and t.stats.get("kind") == "recall"

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from . import export as _export
 from .database import utcnow
 from .errors import SessionInUse, TurnNotFound
-from ._rows import RUN_COLS, SESSION_COLS, prefixed, to_run, to_session
-from .records import LeaseInfo, RunRecord, SearchHit, Session, SessionSummary
+from ._rows import RUN_COLS, SESSION_COLS, TURN_COLS, prefixed, to_run, to_session, to_turn
+from .records import LeaseInfo, RunRecord, SearchHit, Session, SessionSummary, Turn
 
 if TYPE_CHECKING:
     from .store import SessionRef, SessionStore
@@ -224,6 +224,40 @@ class ExtrasMixin(_Base):
         ).fetchall()
         return [SearchHit(session_uid=r[0], session_name=r[1], turn_id=r[2], role=r[3], snippet=r[4],
                           created_at=r[5]) for r in rows]
+
+    def branch_matches(self, session: SessionRef, words: list[str], *, turn_id: int | None = None,
+                       ending_by: int | None = None, limit: int = 50) -> list[Turn]:
+        """Turns on the branch ending at `turn_id` (default: head) that contain any of
+        `words` (FTS5, best bm25 first), for recall refresh; with `ending_by`, only turns
+        that end at or before that token position. Recall blocks themselves (document
+        turns whose stats say kind "recall") and streaming turns are left out.
+
+        Cost: the index lookup, then a walk up the branch only as far as the oldest hit."""
+        s = self.get_session(session)
+        terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in words if w.strip())
+        if not terms:
+            return []
+        head = self._turn_row(turn_id if turn_id is not None else s.head_turn_id)
+        rows = self.db.execute(
+            f"""SELECT {prefixed(TURN_COLS, 't')} FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid
+                WHERE turns_fts MATCH ? AND t.session_id = ? AND t.status != 'streaming'
+                  AND t.depth <= ? AND t.tokens_total <= ?
+                  AND coalesce(json_extract(t.stats, '$.kind'), '') != 'recall'
+                ORDER BY rank LIMIT ?""",
+            [terms, s.id, head.depth, head.tokens_total if ending_by is None else ending_by, limit],
+        ).fetchall()
+        hits = [to_turn(r) for r in rows]
+        if not hits:
+            return []
+        low = min(h.depth for h in hits)
+        on_branch = {r[0] for r in self.db.execute(
+            """WITH RECURSIVE up(id, depth) AS (
+                   SELECT id, depth FROM turns WHERE id = ?
+                   UNION ALL
+                   SELECT t.parent_id, t.depth - 1 FROM up JOIN turns t ON t.id = up.id
+                   WHERE t.parent_id IS NOT NULL AND up.depth > ?
+               ) SELECT id FROM up""", [head.id, low]).fetchall()}
+        return [h for h in hits if h.id in on_branch]
 
     # -- probe and finetune runs ----------------------------------------------------------
 

@@ -19,6 +19,16 @@ from agent.probes import text
 FILLER_KINDS = ("noise", "grammar", "chat", "logs")
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a filler stream: token positions [start, end), role and text."""
+
+    start: int
+    end: int
+    role: str
+    text: str
+
+
 class FillerError(ValueError):
     """A filler name is unknown or its file cannot be used."""
 
@@ -34,31 +44,44 @@ class Filler:
 
     def tokens(self, n: int, rng: random.Random) -> list[int]:
         """Exactly `n` token ids (cut mid-piece where needed)."""
+        return self.pieces(n, rng)[0]
+
+    def pieces(self, n: int, rng: random.Random) -> tuple[list[int], list[Piece]]:
+        """`tokens(n, rng)` and the pieces it is made of, as transcript turns (a chat message,
+        a sentence, a log line; a file is one piece), for recall refresh to choose among."""
         if n <= 0:
-            return []
+            return [], []
         if self.name.startswith("file:"):
-            return self._from_file(n, rng)
+            ids = self._from_file(n, rng)
+            return ids, [Piece(0, len(ids), "document", self.tok.decode(ids))]
         ids: list[int] = []
+        out: list[Piece] = []
         if self.name == "noise":
             phrase = " ".join(rng.choice(text.NOUNS + text.ADJECTIVES) for _ in range(4)) + ". "
             unit = self.tok.encode(phrase)
             while len(ids) < n:
+                out.append(Piece(len(ids), len(ids) + len(unit), "user", phrase.strip()))
                 ids += unit
         else:
             index = 0
             while len(ids) < n:
-                ids += self._piece(rng, index)
+                for role, body, m in self._piece(rng, index):
+                    out.append(Piece(len(ids), len(ids) + len(m), role, body))
+                    ids += m
                 index += 1
-        return ids[:n]
+        return ids[:n], [p for p in out if p.start < n]
 
-    def _piece(self, rng: random.Random, index: int) -> list[int]:
+    def _piece(self, rng: random.Random, index: int) -> list[tuple[str, str, list[int]]]:
         if self.name == "grammar":
-            return self.tok.encode(text.sentence(rng) + " ")
+            s = text.sentence(rng)
+            return [("user", s, self.tok.encode(s + " "))]
         if self.name == "logs":
-            return self.tok.encode(text.log_line(rng, index) + "\n")
+            line = text.log_line(rng, index)
+            return [("user", line, self.tok.encode(line + "\n"))]
         if self.name == "chat":
             user, reply = text.chat_exchange(rng)
-            return self.template.message(self.tok, "user", user) + self.template.message(self.tok, "assistant", reply)
+            return [("user", user, self.template.message(self.tok, "user", user)),
+                    ("assistant", reply, self.template.message(self.tok, "assistant", reply))]
         raise FillerError(f"unknown filler {self.name!r}")
 
     def _from_file(self, n: int, rng: random.Random) -> list[int]:

@@ -200,3 +200,19 @@ def resume_check(model: LaplaceModel, ids: Sequence[int], fingerprint: str) -> d
     b, _ = model(last, loaded)
     diff = float((a - b).abs().max())
     return {"passed": diff == 0.0, "max_abs_diff": diff, "tokens": len(ids) - 1, "state_bytes": state.nbytes}
+
+
+def recall_horizon(card: dict, model: LaplaceModel) -> tuple[int, str]:
+    """Tokens after which a planted detail has likely faded from the state, and where the
+    number comes from: the model card's measured recall when it records one (see
+    `agent.refresh.horizon_from_card`), else half the slowest head's resting half-life
+    (that head then still keeps about 70% of a write; measured exact recall of a detail
+    fades well before the slowest head does: the default model's card says 0.85 at 1,024
+    tokens where its slowest head's half-life is about 1,500)."""
+    from agent.refresh import horizon_from_card
+
+    measured = horizon_from_card(card)
+    if measured is not None:
+        return measured, "model card (held-out recall >= 0.9)"
+    slowest = max((x for row in resting_half_lives(model) for x in row if math.isfinite(x)), default=0.0)
+    return int(slowest / 2), "decay gates (half the slowest head's resting half-life)"

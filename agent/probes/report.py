@@ -33,7 +33,8 @@ class ReportError(ValueError):
     """A file is not a probe report this version can read."""
 
 
-def _cell(probe: str, filler: str, d: int, results: list, kinds: list[str] | None = None) -> dict[str, Any]:
+def _cell(probe: str, filler: str, d: int, results: list, kinds: list[str] | None = None,
+          blocks: list[tuple[bool, int]] | None = None) -> dict[str, Any]:
     n = len(results)
     top1 = sum(a.top1 for a, _ in results)
     chance = sum(1 / a.n_candidates for a, _ in results) / n
@@ -53,6 +54,11 @@ def _cell(probe: str, filler: str, d: int, results: list, kinds: list[str] | Non
         # Greedy exact recall per value kind ("digits" is the 5-digit number).
         cell["exact_by_kind"] = {k: _round(sum(a.exact for (a, _), kk in zip(results, kinds) if kk == k) / kinds.count(k))
                                  for k in sorted(set(kinds))}
+    if blocks:  # a recall-refresh cell: how often the block repeated the fact, and its size
+        cell["refresh"] = {"recalled": _round(sum(h for h, _ in blocks) / len(blocks)),
+                           "blocks": _round(sum(t > 0 for _, t in blocks) / len(blocks)),
+                           "mean_tokens": _round(sum(t for _, t in blocks) / len(blocks)),
+                           "max_tokens": max(t for _, t in blocks)}
     if any(s is not None for _, s in results):
         stale = sum(bool(s) for _, s in results) / n
         cell["stale"] = _round(stale)
@@ -90,7 +96,7 @@ def build_report(outcome: Outcome, loaded: LoadedModel, *, device: str = "cpu") 
             for d in sorted(set(s.distances)):
                 res = outcome.answers.get((p, f, d))
                 if res:
-                    c = _cell(p, f, d, res, outcome.kinds.get((p, f, d)))
+                    c = _cell(p, f, d, res, outcome.kinds.get((p, f, d)), outcome.blocks.get((p, f, d)))
                     cells.append(c)
                     rows.setdefault((p, f), []).append(c)
     for (p, f), rc in rows.items():
@@ -103,7 +109,8 @@ def build_report(outcome: Outcome, loaded: LoadedModel, *, device: str = "cpu") 
         "schema_version": SCHEMA_VERSION,
         "suite": {"name": s.name, "probes": list(s.probes), "fillers": list(s.fillers), "distances": sorted(set(s.distances)),
                   "trials": s.trials, "seed": outcome.seed, "style": outcome.style,
-                  "budget_s": plan.budget_s if plan else None, "n_candidates": 20},
+                  "budget_s": plan.budget_s if plan else None, "n_candidates": 20,
+                  **({"refresh": outcome.refresh} if outcome.refresh else {})},
         "model": {"name": loaded.name, "fingerprint": loaded.fingerprint, "config": loaded.config.to_dict(),
                   "card": loaded.card, "trained": loaded.card.get("trained", True)},
         "runtime": {"torch": torch.__version__, "python": platform.python_version(), "device": device, "dtype": dtype,

@@ -17,10 +17,11 @@ import torch
 
 from agent.runtime.checkpoint import LoadedModel
 
+from agent import refresh as recall
 from agent.probes import text
 from agent.probes.engine import Answer, advance_rows, ask_rows
-from agent.probes.fillers import Filler, make_filler
-from agent.probes.ledger import capture_decays, counterfactual_trace, resume_check, retention_ledger
+from agent.probes.fillers import Filler, Piece, make_filler
+from agent.probes.ledger import capture_decays, counterfactual_trace, recall_horizon, resume_check, retention_ledger
 from agent.probes.suites import Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
@@ -42,6 +43,10 @@ class Outcome:
     resume: dict | None = None
     skipped: list[dict] = field(default_factory=list)
     plan: Plan | None = None
+    # Recall refresh: the settings used, and per refresh cell (hit, block tokens) per trial,
+    # hit meaning the block repeated the planted answer.
+    refresh: dict | None = None
+    blocks: dict[tuple[str, str, int], list[tuple[bool, int]]] = field(default_factory=dict)
 
 
 def _stream_rng(seed: int, suite: str, probe: str, filler: str, trial: int):  # type: ignore[no-untyped-def]
@@ -50,8 +55,20 @@ def _stream_rng(seed: int, suite: str, probe: str, filler: str, trial: int):  # 
     return text.rng_of(seed, suite, base, filler, "stream", trial)
 
 
+REFRESH_MODES = ("off", "on", "both")
+REFRESH_SUFFIX = "+refresh"
+
+
 class SuiteRunner:
-    def __init__(self, loaded: LoadedModel, *, style: str = "completion", seed: int = 0, log: Log | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, *, style: str = "completion", seed: int = 0, log: Log | None = None,
+                 refresh: str = "off", refresh_tokens: int = recall.DEFAULT_BUDGET, refresh_horizon: int = 0) -> None:
+        if refresh not in REFRESH_MODES:
+            raise ValueError(f"unknown refresh mode {refresh!r}; choose off, on or both")
+        self.refresh = refresh
+        self.refresh_tokens = refresh_tokens
+        if refresh != "off":
+            measured, source = recall_horizon(loaded.card, loaded.model)
+            self.horizon, self.horizon_source = (refresh_horizon, "--refresh-horizon") if refresh_horizon else (measured, source)
         self.loaded = loaded
         self.model = loaded.model.eval()
         self.prompts = PromptBuilder(loaded.tokenizer, loaded.template, style)
@@ -106,6 +123,8 @@ class SuiteRunner:
         for p in suite.probes:
             parse_probe(p)
         speed = self.warmup(next(iter(filler_objs.values())), min(suite.trials, WARMUP_ROWS)) if budget_s is not None else None
+        if speed is not None and self.refresh != "off":  # each distance is asked twice
+            speed = replace(speed, s_per_ask=2 * speed.s_per_ask)
         plan = plan_suite(suite, budget_s, speed)
         s = plan.suite
         out = Outcome(s, self.seed, self.style, skipped=list(plan.skipped), plan=plan)
@@ -117,6 +136,11 @@ class SuiteRunner:
             self.log(f"{fname}: done ({time.perf_counter() - start:.1f} s)")
         self._state_metrics(out, s, filler_objs[s.fillers[0]], distances, deadline)
         self._note_missing(out, s, distances)
+        if self.refresh != "off":
+            out.refresh = {"mode": self.refresh, "horizon": self.horizon, "horizon_source": self.horizon_source,
+                           "tokens": self.refresh_tokens}
+            names = [[p, p + REFRESH_SUFFIX] if self.refresh == "both" else [p + REFRESH_SUFFIX] for p in s.probes]
+            out.suite = replace(s, probes=tuple(n for pair in names for n in pair))
         return out
 
     def _group(self, out: Outcome, s: Suite, probe: str, filler: Filler, distances: list[int],
@@ -125,7 +149,8 @@ class SuiteRunner:
         the filler, asking every row at each distance. Row 0 feeds the retention ledger."""
         trials = range(s.trials)
         samples = [build_sample(probe, _stream_rng(self.seed, s.name, probe, filler.name, t), self.prompts, t) for t in trials]
-        fills = [filler.tokens(distances[-1], text.rng_of(self.seed, s.name, filler.name, "filler", t)) for t in trials]
+        made = [filler.pieces(distances[-1], text.rng_of(self.seed, s.name, filler.name, "filler", t)) for t in trials]
+        fills, pieces = [m[0] for m in made], [m[1] for m in made]
         _, state = advance_rows(self.model, self.model.new_state(len(samples)), [x.prefix + x.plant for x in samples])
         # One candidate set per trial, shared by every distance: the distances are then paired
         # (the curve shows memory, not distractor luck) and the blank control is asked once.
@@ -145,11 +170,42 @@ class SuiteRunner:
                 pos = d
             answers = self._ask(state, samples, cands, blank)
             blank = blank or answers
-            stale = [None if x.stale is None else cs[a.pick] == x.stale for a, x, cs in zip(answers, samples, cands)]
-            out.answers.setdefault((probe, filler.name, d), []).extend(zip(answers, stale))
-            out.kinds.setdefault((probe, filler.name, d), []).extend(x.value_kind for x in samples)
+            self._store(out, probe, filler.name, d, samples, cands, answers)
+            if self.refresh != "off":
+                blocks = [self._recall_block(x, p, d) for x, p in zip(samples, pieces)]
+                if any(ids for ids, _ in blocks):  # rows without a block keep their state exactly
+                    _, refreshed = advance_rows(self.model, state, [ids for ids, _ in blocks])
+                    answers = self._ask(refreshed, samples, cands, blank)
+                name = probe + REFRESH_SUFFIX
+                self._store(out, name, filler.name, d, samples, cands, answers)
+                out.blocks.setdefault((name, filler.name, d), []).extend((hit, len(ids)) for ids, hit in blocks)
         if ledger and decays:
             out.ledgers[filler.name] = retention_ledger(torch.cat(decays, dim=1), distances)
+
+    @staticmethod
+    def _store(out: Outcome, probe: str, filler: str, d: int, samples: list[Sample], cands: list[list[str]],
+               answers: list[Answer]) -> None:
+        stale = [None if x.stale is None else cs[a.pick] == x.stale for a, x, cs in zip(answers, samples, cands)]
+        out.answers.setdefault((probe, filler, d), []).extend(zip(answers, stale))
+        out.kinds.setdefault((probe, filler, d), []).extend(x.value_kind for x in samples)
+
+    def _recall_block(self, sample: Sample, pieces: list[Piece], d: int) -> tuple[list[int], bool]:
+        """The recall block chat would fold before this question, `d` filler tokens after
+        the plant (same rule: `agent.refresh.select`), and whether it repeats the answer.
+        Turns are numbered in stream order, so a larger id is a more recent turn."""
+        tok, template = self.loaded.tokenizer, self.loaded.template
+        cands, left = [], sum(n for _, _, n in sample.said)
+        for i, (role, body, n) in enumerate(sample.said):
+            left -= n
+            cands.append(recall.Candidate(i, role, body, d + left))
+        base = len(cands)
+        cands += [recall.Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
+        chosen = recall.select(sample.asked, cands, horizon=self.horizon, budget=self.refresh_tokens,
+                               count=lambda t: len(template.message(tok, recall.BLOCK_ROLE, t)))
+        if not chosen:
+            return [], False
+        hit = any(r.turn_id < base and sample.answer in r.line for r in chosen)
+        return template.message(tok, recall.BLOCK_ROLE, recall.render(chosen)), hit
 
     def _state_metrics(self, out: Outcome, s: Suite, filler: Filler, distances: list[int], deadline: Deadline) -> None:
         rng = _stream_rng(self.seed, s.name, "passkey", filler.name, 0)
@@ -189,6 +245,10 @@ class SuiteRunner:
 
 
 def run_suite(loaded: LoadedModel, suite: Suite, *, budget_s: float | None = None, seed: int = 0,
-              style: str = "completion", log: Log | None = None) -> Outcome:
-    """Run `suite` on a loaded model (see `report.build_report` for the JSON)."""
-    return SuiteRunner(loaded, style=style, seed=seed, log=log).run(suite, budget_s=budget_s)
+              style: str = "completion", log: Log | None = None, refresh: str = "off",
+              refresh_tokens: int = recall.DEFAULT_BUDGET, refresh_horizon: int = 0) -> Outcome:
+    """Run `suite` on a loaded model (see `report.build_report` for the JSON). With `refresh`
+    on or both, every cell is also asked after the recall block chat would fold (rows
+    named PROBE+refresh)."""
+    return SuiteRunner(loaded, style=style, seed=seed, log=log, refresh=refresh, refresh_tokens=refresh_tokens,
+                       refresh_horizon=refresh_horizon).run(suite, budget_s=budget_s)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-SUITE_NAMES = ("smoke", "quick", "standard", "full")
+SUITE_NAMES = ("smoke", "quick", "standard", "full", "refresh")
 MIN_TRIALS = 4
 PLAN_SAFETY = 0.85  # plan to 85% of what is left: estimates from one warm-up are rough
 
@@ -29,6 +29,8 @@ class Suite:
     # Seconds a run may take unless the user says otherwise (None: the whole grid, always).
     # smoke is a fixed grid so CI output is identical run to run.
     default_budget_s: float | None = None
+    # Recall refresh measured by default (off | on | both); `--refresh` overrides it.
+    refresh: str = "off"
 
 
 def _pow2(top: int) -> tuple[int, ...]:
@@ -47,6 +49,9 @@ SUITES: dict[str, Suite] = {
                       ("noise", "grammar", "chat", "logs"), _pow2(8192), 16, default_budget_s=600.0),
     "full": Suite("full", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
                   ("noise", "grammar", "chat", "logs"), _pow2(65536), 32),
+    # Recall refresh on vs off, side by side, on chat filler (distance 0 is the competence check).
+    "refresh": Suite("refresh", ("passkey", "multikey-4", "update"), ("chat",), (0, 256, 512, 1024, 2048, 4096, 8192), 32,
+                     refresh="both"),
 }
 
 

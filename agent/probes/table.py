@@ -57,6 +57,7 @@ def render(report: dict[str, Any]) -> str:
         if r is not None and r.get("gap_vs_passkey"):
             lines.append(f"order  / {f}: question-first minus question-last top-1 " + " ".join(
                 f"{100 * r['gap_vs_passkey'][str(d)]:+.0f}" if str(d) in r["gap_vs_passkey"] else "-" for d in ds) + " points")
+    lines += _refresh_lines(report, cells, ds)
     lines.append("")
     lines.append("D50: distance where accuracy above chance halves ('-': no recall at distance 0); H90: last distance holding 90% of it; "
                  "ledger: slowest head's measured half-life on that filler (the state's own prediction of D50)")
@@ -78,3 +79,27 @@ def render(report: dict[str, Any]) -> str:
         if len(skipped) > 20:
             lines.append(f"  ... and {len(skipped) - 20} more (see the JSON)")
     return "\n".join(lines)
+
+
+def _refresh_lines(report: dict[str, Any], cells: dict, ds: list[int]) -> list[str]:
+    """For each PROBE+refresh row beside its PROBE row: greedy exact recall off -> on by
+    distance, and how often the recall block repeated the planted fact."""
+    r = report["suite"].get("refresh")
+    if not r:
+        return []
+    out = [f"refresh: block of at most {r['tokens']} tokens, turns older than {r['horizon']} tokens ({r['horizon_source']}); "
+           "exact = greedy answer right, off -> on; recalled = block repeated the fact"]
+    for f in report["suite"]["fillers"]:
+        for p in report["suite"]["probes"]:
+            if not p.endswith("+refresh"):
+                continue
+            base = p[: -len("+refresh")]
+            parts = []
+            for d in ds:
+                on, off = cells.get((p, f, d)), cells.get((base, f, d))
+                if on is None:
+                    continue
+                was = "-" if off is None else _pct(off["exact"])
+                parts.append(f"{d}: {was}->{_pct(on['exact'])}% ({_pct(on['refresh']['recalled'])}%)")
+            out.append(f"  {base} / {f}: " + "  ".join(parts))
+    return out

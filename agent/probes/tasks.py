@@ -56,6 +56,10 @@ class Sample:
     answer: str
     value_kind: str
     stale: str | None = None  # `update`: the superseded value
+    # The messages of prefix + plant after the BOS as (role, text, token count), so recall
+    # refresh can treat them as transcript turns; and the question as the user typed it.
+    said: tuple[tuple[str, str, int], ...] = ()
+    asked: str = ""
 
 
 def parse_probe(name: str) -> tuple[str, int]:
@@ -86,45 +90,69 @@ class PromptBuilder:
         self.bos = template.bos_ids(tok)  # empty for a tokenizer without a BOS token: the stream starts bare
 
     def statement(self, body: str) -> list[int]:
+        return [i for _, _, ids in self.messages(body) for i in ids]
+
+    def messages(self, body: str) -> list[tuple[str, str, list[int]]]:
+        """`statement(body)` as the messages it is made of: (role, text, token ids)."""
         if self.style == "chat":
-            return self.template.message(self.tok, "user", body) + self.template.message(self.tok, "assistant", "Noted.")
-        return self.tok.encode(body + "\n")
+            return [("user", body, self.template.message(self.tok, "user", body)),
+                    ("assistant", "Noted.", self.template.message(self.tok, "assistant", "Noted."))]
+        return [("user", body, self.tok.encode(body + "\n"))]
+
+    def question_text(self, key: str) -> str:
+        return f"What is the code for the {key}?"
 
     def question(self, key: str) -> list[int]:
         if self.style == "chat":
-            return (self.template.message(self.tok, "user", f"What is the code for the {key}?")
+            return (self.template.message(self.tok, "user", self.question_text(key))
                     + self.template.reply_prefix(self.tok) + self.tok.encode(f"The code for the {key} is"))
         return self.tok.encode(f"\nQuestion: what is the code for the {key}?\nAnswer: the code for the {key} is")
-
-    def ask_first(self, key: str) -> list[int]:
-        return self.statement(f"Later I will ask for the code for the {key}; watch for it.")
 
     def answer_ids(self, value: str) -> list[int]:
         return self.tok.encode(" " + value)
 
 
 def build_sample(probe: str, rng: random.Random, prompts: PromptBuilder, trial: int) -> Sample:
-    """The sample of `probe` for one trial, drawn from `rng` (the stream's seed)."""
+    """The sample of `probe` for one trial, drawn from `rng` (the stream's seed).
+
+    `said` lists the pieces of prefix + plant after the BOS, in order, as transcript turns
+    (recall refresh picks among them); their token counts add up to that stream."""
     kind, n = parse_probe(probe)
+    said: list[tuple[str, str, int]] = []
+
+    def state(body: str) -> list[int]:
+        ids: list[int] = []
+        for role, text_, m in prompts.messages(body):
+            said.append((role, text_, len(m)))
+            ids += m
+        return ids
+
     if kind in ("passkey", "order"):
         vkind = text.VALUE_KINDS[trial % len(text.VALUE_KINDS)]
         key, value = text.make_key(rng), text.make_value(rng, vkind)
-        prefix = prompts.bos + (prompts.ask_first(key) if kind == "order" else [])
-        return Sample(probe, prefix, prompts.statement(_fact(key, value)), prompts.question(key), key, value, vkind)
+        first = state(f"Later I will ask for the code for the {key}; watch for it.") if kind == "order" else []
+        plant = state(_fact(key, value))
+        return Sample(probe, prompts.bos + first, plant, prompts.question(key), key, value, vkind,
+                      said=tuple(said), asked=prompts.question_text(key))
     if kind == "multikey":
         keys = text.distinct_keys(rng, n)
         values = [text.make_value(rng, "digits") for _ in keys]
         i = rng.randrange(n)
-        body = " ".join(_fact(k, v) for k, v in zip(keys, values))
-        return Sample(probe, list(prompts.bos), prompts.statement(body), prompts.question(keys[i]), keys[i], values[i], "digits")
+        plant = state(" ".join(_fact(k, v) for k, v in zip(keys, values)))
+        return Sample(probe, list(prompts.bos), plant, prompts.question(keys[i]), keys[i], values[i], "digits",
+                      said=tuple(said), asked=prompts.question_text(keys[i]))
     key = text.make_key(rng)
     old = text.make_value(rng, "digits")
     new = old
     while new == old:
         new = text.make_value(rng, "digits")
-    plant = (prompts.statement(_fact(key, old)) + prompts.tok.encode(f"{text.sentence(rng)} {text.sentence(rng)}\n")
-             + prompts.statement(f"Update: the code for the {key} is now {new}."))
-    return Sample(probe, list(prompts.bos), plant, prompts.question(key), key, new, "digits", stale=old)
+    plant = state(_fact(key, old))
+    between = f"{text.sentence(rng)} {text.sentence(rng)}\n"
+    middle = prompts.tok.encode(between)
+    said.append(("user", between.strip(), len(middle)))
+    plant += middle + state(f"Update: the code for the {key} is now {new}.")
+    return Sample(probe, list(prompts.bos), plant, prompts.question(key), key, new, "digits", stale=old,
+                  said=tuple(said), asked=prompts.question_text(key))
 
 
 def candidates(sample: Sample, rng: random.Random, prompts: PromptBuilder, n: int = N_CANDIDATES) -> list[str]:

@@ -22,6 +22,12 @@ class SamplingOptions:
     max_new_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Recall refresh (agent/refresh.py), stored with the session like the rest: on or off,
+    # the most tokens a recall block may add per turn, and the horizon in tokens beyond
+    # which a turn counts as faded (0: derive it from the model).
+    refresh: bool = True
+    refresh_tokens: int = 256
+    refresh_horizon: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -34,6 +40,10 @@ class SamplingOptions:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if self.refresh_tokens < 16:
+            raise ValueError(f"refresh_tokens must be >= 16 (a recall block's header alone takes ~10), got {self.refresh_tokens}")
+        if self.refresh_horizon < 0:
+            raise ValueError(f"refresh_horizon must be >= 0 tokens (0: derived from the model), got {self.refresh_horizon}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -60,13 +70,27 @@ class SamplingOptions:
                     changes["stop"] = tuple(changes.get("stop", self.stop)) + (raw,)
                 elif key == "seed":
                     changes[key] = None if raw.lower() == "none" else int(raw)
-                elif key in ("top_k", "max_new_tokens"):
+                elif key == "refresh":
+                    changes[key] = _switch(raw)
+                elif key in ("top_k", "max_new_tokens", "refresh_tokens", "refresh_horizon"):
                     changes[key] = int(raw)
                 else:
                     changes[key] = float(raw)
             except ValueError:
+                if key == "refresh":
+                    raise ValueError(f"option refresh is on or off, got {raw!r}") from None
                 raise ValueError(f"sampling option {key} needs a number, got {raw!r}") from None
         return dataclasses.replace(self, **changes)
+
+
+def _switch(raw: object) -> bool:
+    """on/off (also true/false, yes/no, 1/0, and the stored JSON booleans)."""
+    text = str(raw).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(text)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -222,6 +222,9 @@ class LaplaceApp(ActionsMixin, App[None]):
             early = chat.widget_for(event.assistant_turn_id)
             if early is not None:
                 await early.remove()
+            recall = event.recall_turn
+            if recall is not None and chat.widget_for(recall.id) is None:
+                await chat.append_turn(recall)
             if event.user_turn is not None and chat.widget_for(event.user_turn.id) is None:
                 await chat.append_turn(event.user_turn)
             if event.user_turn is None:  # regenerate: the new sibling replaces the last reply

@@ -80,6 +80,9 @@ class FakeChatService:
         self.calls: list[tuple[object, ...]] = []
         self.cancelled: list[int] = []  # assistant turn ids whose generation saw the cancel
         self.options: dict[str, str] = {}
+        # Set to a recall block's text to have the next `send` fold it before the message,
+        # as the real service's recall refresh does (it is then cleared).
+        self.next_recall: str | None = None
         self.unusable: set[str] = set()  # uids whose resume raises StateUnusableError
         self._lock = threading.RLock()
         self._sessions: dict[str, _Session] = {}
@@ -146,10 +149,10 @@ class FakeChatService:
         return s
 
     def _stream(self, s: _Session, text: str, cancel: threading.Event | None,
-                user_turn: TurnView | None, parent: int | None) -> Iterator[ChatEvent]:
+                user_turn: TurnView | None, parent: int | None, recall: TurnView | None = None) -> Iterator[ChatEvent]:
         asst_id = self._next_turn
         self._next_turn += 1
-        yield TurnStarted(user_turn=user_turn, assistant_turn_id=asst_id)
+        yield TurnStarted(user_turn=user_turn, assistant_turn_id=asst_id, recall_turn=recall)
         out: list[str] = []
         status = "complete"
         start = time.perf_counter()
@@ -170,7 +173,7 @@ class FakeChatService:
         elapsed = max(time.perf_counter() - start, 1e-6)
         with self._lock:
             turn = TurnView(id=asst_id, role="assistant", content="".join(out), status=status,  # type: ignore[arg-type]
-                            parent_id=parent, n_tokens=len(out))
+                            parent_id=parent, n_tokens=len(out), used_recall=recall is not None)
             self._turns[asst_id] = turn
             self._children.setdefault(parent, []).append(asst_id)
             s.path.append(asst_id)
@@ -254,8 +257,13 @@ class FakeChatService:
         self.calls.append(("send", text))
         with self._lock:
             s = self._need()
+            recall = None
+            if self.next_recall is not None:
+                recall = replace(self._add_turn(s, "document", self.next_recall), kind="recall")
+                self._turns[recall.id] = recall
+                self.next_recall = None
             user = self._with_siblings(self._add_turn(s, "user", text))
-        yield from self._stream(s, text, cancel, user, user.id)
+        yield from self._stream(s, text, cancel, user, user.id, recall)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         self.calls.append(("regenerate",))

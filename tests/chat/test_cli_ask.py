@@ -152,3 +152,19 @@ def test_state_that_fails_to_parse_names_rebuild_state():
     assert "not a laplace state" in res.stderr and "--rebuild-state" in res.stderr
     res = laplace("ask", "-c", "--rebuild-state", "-o", "max_new_tokens", "2", "x")
     assert res.exit_code == 0, res.output
+
+
+def test_ask_json_reports_a_recall_block_and_refresh_off_suppresses_it():
+    res = laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "4", "-o", "refresh_horizon", "20", "My locker code is 48213.")
+    assert res.exit_code == 0, res.output
+    laplace("ask", "-c", "Tell me about the garden and the river by the old mill, please.")
+    data = json.loads(laplace("ask", "-c", "--json", "What is my locker code?").stdout)
+    assert "48213" in data["extra"]["recall"]["text"] and data["extra"]["recall"]["tokens"] <= 256
+    off = json.loads(laplace("ask", "-c", "--json", "-o", "refresh", "off", "What is my locker code?").stdout)
+    assert "recall" not in off["extra"]
+    bad = laplace("ask", "-c", "-o", "refresh", "maybe", "hi")
+    assert bad.exit_code == 1 and "refresh is on or off" in bad.output and "Traceback" not in bad.output
+    with store() as s:
+        uid = s.most_recent_session().uid
+        kinds = [m.get("kind") for m in s.export_json(uid)["messages"]]
+    assert kinds.count("recall") == 1  # only the question with refresh on got a block

@@ -56,6 +56,7 @@ def test_run_smoke_writes_json_plot_and_a_probe_run(tmp_path):
     (["run", "-m", "tiny", "--suite", "smoke", "--filler", "file:/nonexistent/notes.txt"], "cannot read filler file"),
     (["run", "-m", "tiny", "--suite", "smoke", "--style", "poem"], "unknown prompt style"),
     (["run", "-m", "tiny", "--budget", "-3"], "--budget"),
+    (["run", "-m", "tiny", "--suite", "smoke", "--refresh", "maybe"], "unknown --refresh"),
     (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read"),
     (["session", "abc", "--ask", "What?"], "no session database"),
 ])

@@ -33,6 +33,8 @@ DISPLAY_LIMIT = 20_000
 _FENCE_RE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 
 ROLE_LABELS = {"user": "you", "assistant": "laplace", "system": "system", "document": "document"}
+RECALL_LABEL = "↺ recalled from earlier"
+USED_RECALL = "  ↺ used recall"
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -47,10 +49,13 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: int = 1, *,
-                unread: bool = False) -> Text:
-    """The one-line header over a message: role, branch position, unusual status, and
-    whether the state has not read it (`unread`: e.g. a cancelled attach)."""
-    text = Text(ROLE_LABELS.get(role, role), style="bold")
+                kind: str = "", used_recall: bool = False, unread: bool = False) -> Text:
+    """The one-line header over a message: role, branch position, unusual status, the
+    recall-refresh marks (a recall block; a reply written after one), and whether the
+    state has not read it (`unread`: e.g. a cancelled attach)."""
+    text = Text(RECALL_LABEL if kind == "recall" else ROLE_LABELS.get(role, role), style="bold")
+    if used_recall:
+        text.append(USED_RECALL, style="italic cyan")
     if sibling_count > 1:
         text.append(f"  {sibling_index + 1}/{sibling_count}", style="dim")
     if status == "streaming":
@@ -67,7 +72,17 @@ def is_unread(turn: TurnView) -> bool:
     return turn.status in ("cancelled", "error") and turn.n_tokens == 0 and bool(turn.content)
 
 
-def message_body(turn: TurnView) -> RenderableType:
+def recall_summary(turn: TurnView) -> Text:
+    """A recall block folded away: how many earlier lines it repeated, and how to see them."""
+    lines = [line for line in turn.content.splitlines()[1:] if line.strip()]
+    return Text(f"{len(lines)} line{'s' if len(lines) != 1 else ''} from earlier turns read again before "
+                f"the next message ({turn.n_tokens} tokens); focus and press enter to show",
+                style="italic dim")
+
+
+def message_body(turn: TurnView, expanded: bool = False) -> RenderableType:
+    if turn.kind == "recall" and not expanded:
+        return recall_summary(turn)
     content = displayable(turn.content)
     note: Text | None = None
     if len(content) > DISPLAY_LIMIT:
@@ -91,6 +106,7 @@ class MessageWidget(Static, can_focus=True):
         Binding("down", "neighbour(1)", "Next message", show=False, id="message_next"),
         Binding("left", "sibling(-1)", "Previous version", show=False, id="sibling_prev"),
         Binding("right", "sibling(1)", "Next version", show=False, id="sibling_next"),
+        Binding("enter", "toggle_recall", "Show recalled text", show=False, id="toggle_recall"),
     ]
 
     class SiblingRequested(Message):
@@ -103,13 +119,21 @@ class MessageWidget(Static, can_focus=True):
 
     def __init__(self, turn: TurnView) -> None:
         header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count,
-                             unread=is_unread(turn))
+                             kind=turn.kind, used_recall=turn.used_recall, unread=is_unread(turn))
         # Content given at construction, not on mount: the first layout then already has the
         # real height, which keeping the reading position across page loads relies on.
         super().__init__(Group(header, message_body(turn)),
-                         classes=f"message role-{turn.role} status-{turn.status}")
+                         classes=f"message role-{turn.role} status-{turn.status}" + (" recall" if turn.kind else ""))
         self.turn = turn
         self.header = header
+        self.expanded = False
+
+    def action_toggle_recall(self) -> None:
+        """Show or fold away the text of a recall block (other messages ignore it)."""
+        if self.turn.kind != "recall":
+            return
+        self.expanded = not self.expanded
+        self.update(Group(self.header, message_body(self.turn, self.expanded)))
 
     @property
     def turn_id(self) -> int:

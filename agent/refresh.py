@@ -1,0 +1,192 @@
+"""Recall refresh: which earlier turns to read again before answering, as one pure rule.
+
+A fixed state forgets: past the model's recall horizon a detail is likely gone from it,
+while the transcript still holds it word for word. Before a reply, the chat service asks
+the session's full-text index for turns sharing words with the user's message; this
+module decides which of them to fold back in, and how the recall block reads. The probe
+suite (`laplace probe run --refresh both`) applies the very same rule to its synthetic
+conversations, so what it measures is what chat does.
+
+The rule, in order:
+1. content words of the message (lower case, stop words dropped, a plural "s" folded);
+2. a candidate turn is eligible only if it ended more than `horizon` tokens ago (turns
+   the state still holds are never repeated), shares enough of those words (one when
+   the message has one or two content words, else two), and is not superseded: a later
+   turn of the same role, not a question, sharing the same words or more (a code stated,
+   then updated: only the update counts; if it is within the horizon, nothing is recalled);
+3. each eligible turn is cut down to its sentences sharing the most words with the
+   message (left out if those are all questions: an earlier "what is my code?" holds
+   no answer), and scored by the summed rarity (idf over the candidates) of the words it shares;
+4. the best are taken while the whole block, template tokens included, stays within
+   `budget` tokens; ties go to the more recent turn (after an update, the new value);
+5. the block lists them oldest first, under a header that says what it is.
+
+No torch, no SQL: candidates arrive as plain records, and token counts through a callback.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+HEADER = "Recalled from earlier in this conversation:"
+BLOCK_ROLE = "document"  # the chat-template role a recall block is folded as
+DEFAULT_BUDGET = 256  # tokens per turn, template tokens included
+MAX_CANDIDATES = 50  # how many full-text hits the chat service passes in
+MAX_QUERY_WORDS = 32  # words of the message looked up in the index
+MAX_CHARS_PER_TOKEN = 16  # a line longer than budget x this many characters is not tried
+RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
+# Labels for whose words a recalled line holds; the block is read by the assistant.
+ROLE_LABELS = {"user": "User", "assistant": "Assistant", "document": "Document", "system": "System"}
+
+_WORD = re.compile(r"[a-z0-9]+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+STOP_WORDS = frozenset("""
+a about above after again all also am an and any are as at be been before being but by can could did do does
+doing done for from had has have having he her here hers him his how i if in into is it its itself just know
+let me mine my myself no not now of off on once only or our ours out over please remember remind said say
+she should so some still such tell than thank thanks that the their them then there these they this those
+to told too under until up us very was we were what whats when where which while who whom why will with
+would yes you your yours yourself earlier recall recalled conversation
+""".split())
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A turn that might be recalled: its id, role, text, and how many tokens ago it ended."""
+
+    turn_id: int
+    role: str
+    text: str
+    distance: int
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """A chosen turn and the part of it the block repeats."""
+
+    turn_id: int
+    role: str
+    line: str
+    distance: int
+    score: float
+
+
+def terms(text: str) -> list[str]:
+    """Content words of `text`, in order, without repeats."""
+    out: dict[str, None] = {}
+    for w in _WORD.findall(text.lower()):
+        if w in STOP_WORDS or (len(w) < 2 and not w.isdigit()):
+            continue
+        out[_stem(w)] = None
+    return list(out)
+
+
+def _stem(word: str) -> str:
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss") and not word.isdigit():
+        return word[:-1]
+    return word
+
+
+def query_words(text: str, limit: int = MAX_QUERY_WORDS) -> list[str]:
+    """The words to look up in the full-text index (its own stemmer folds their forms):
+    the first `limit` distinct content words, so a pasted page stays a cheap lookup."""
+    seen: dict[str, None] = {}
+    for w in _WORD.findall(text.lower()):
+        if w not in STOP_WORDS and (len(w) >= 2 or w.isdigit()):
+            seen[w] = None
+            if len(seen) >= limit:
+                break
+    return list(seen)
+
+
+def _relevant_part(text: str, query: set[str]) -> str:
+    """The sentences of `text` sharing the most words with the query (all of it when none
+    share any): "The code for the red gate is 1. The code for the blue van is 2." asked
+    about the blue van repeats only the second sentence."""
+    parts = [p.strip() for p in _SENTENCE.split(text) if p.strip()]
+    shared = [len(query & set(terms(p))) for p in parts]
+    best = max(shared, default=0)
+    return " ".join(p for p, n in zip(parts, shared) if n == best) if best else text.strip()
+
+
+def _is_question(text: str) -> bool:
+    """Every sentence of `text` is a question."""
+    parts = [p.strip() for p in _SENTENCE.split(text) if p.strip()]
+    return bool(parts) and all(p.endswith("?") for p in parts)
+
+
+def render(chosen: Sequence[Recalled]) -> str:
+    """The recall block's text: the header, then one line per turn, oldest first."""
+    lines = [f"{ROLE_LABELS.get(r.role, r.role.title())}: {r.line}" for r in chosen]
+    return HEADER + "\n\n" + "\n".join(lines)
+
+
+def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budget: int,
+           count: Callable[[str], int]) -> list[Recalled]:
+    """The turns to recall before answering `message`, oldest first (see the module docstring).
+
+    `count(block_text)` gives the tokens the block would take when folded (template
+    included); the result's rendered block never exceeds `budget` of them."""
+    query = terms(message)
+    if not query or budget <= 0:
+        return []
+    qset = set(query)
+    need = 1 if len(qset) <= 2 else 2
+    pool = [c for c in candidates if c.text.strip()]
+    df: dict[str, int] = {}
+    for c in pool:
+        for t in qset & set(terms(c.text)):
+            df[t] = df.get(t, 0) + 1
+    # Statements: a later one of the same role covering the same words of the message (or
+    # more) supersedes an earlier one, e.g. a code stated, then updated.
+    said = [(c.distance, c.role, qset & set(terms(c.text))) for c in pool if not _is_question(c.text)]
+    ranked: list[Recalled] = []
+    for c in pool:
+        if c.distance <= horizon:
+            continue
+        shared = qset & set(terms(c.text))
+        if len(shared) < need or any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
+            continue
+        line = _relevant_part(c.text, qset)
+        if _is_question(line):  # an earlier question carries no answer, only the same words
+            continue
+        score = sum(math.log(1 + len(pool) / df[t]) for t in shared)
+        ranked.append(Recalled(c.turn_id, c.role, line, c.distance, round(score, 6)))
+    # Best score first; among equals the most recent (smallest distance), then the newest id.
+    ranked.sort(key=lambda r: (-r.score, r.distance, -r.turn_id))
+    chosen: list[Recalled] = []
+    for r in ranked:
+        if len(r.line) > budget * MAX_CHARS_PER_TOKEN:  # cannot fit: spare tokenizing it
+            continue
+        trial = sorted(chosen + [r], key=lambda x: (-x.distance, x.turn_id))
+        if count(render(trial)) <= budget:
+            chosen = trial
+    return chosen
+
+
+def horizon_from_card(card: dict) -> int | None:
+    """The recall horizon a model card records: `recall_horizon` if given, else the largest
+    measured distance up to which held-out recall of a planted detail stays >= 0.9
+    (`heldout_recall_5digit`, "distance:accuracy ..."). None when the card has neither."""
+    explicit = card.get("recall_horizon")
+    if isinstance(explicit, (int, float)) and explicit > 0:
+        return int(explicit)
+    raw = card.get("heldout_recall_5digit")
+    if not isinstance(raw, str):
+        return None
+    points = []
+    for item in raw.split():
+        d, _, acc = item.partition(":")
+        try:
+            points.append((int(d), float(acc)))
+        except ValueError:
+            return None
+    good = None
+    for d, acc in sorted(points):
+        if acc < RECALL_FLOOR:
+            break
+        good = d
+    return good

@@ -1,0 +1,104 @@
+"""The recall-refresh selection rule (agent/refresh.py): pure, so tested without a model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+from agent import refresh
+from agent.refresh import Candidate, horizon_from_card, render, select, terms
+
+
+def words(text: str) -> int:
+    """A stand-in token count: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def pick(message: str, cands: list[Candidate], horizon: int = 100, budget: int = 200) -> list[int]:
+    return [r.turn_id for r in select(message, cands, horizon=horizon, budget=budget, count=words)]
+
+
+def test_terms_drop_stop_words_and_fold_plurals() -> None:
+    assert terms("What is my locker code?") == ["locker", "code"]
+    assert refresh.query_words("What is my locker code? " + " ".join(f"w{i}" for i in range(100)))[:3] == [
+        "locker", "code", "w0"]
+    assert len(refresh.query_words(" ".join(f"w{i}" for i in range(100)))) == refresh.MAX_QUERY_WORDS
+    assert terms("The codes for my lockers") == ["code", "locker"]
+    assert terms("what is it?") == []
+
+
+def test_only_faded_relevant_turns_are_recalled_oldest_first() -> None:
+    cands = [
+        Candidate(1, "user", "My locker code is 48213.", distance=900),
+        Candidate(2, "assistant", "Noted.", distance=890),
+        Candidate(3, "user", "The weather is nice and the garden is green.", distance=500),
+        Candidate(4, "user", "I changed the locker code: it is 55555 now.", distance=300),
+        Candidate(5, "user", "Do you still know my locker code?", distance=50),  # within the horizon
+    ]
+    assert pick("What is my locker code?", cands) == [4]  # 4 restates (supersedes) 1
+    assert pick("What is my locker code?", cands, horizon=1000) == []
+    assert pick("How is the weather?", cands) == [3]
+    assert pick("What is it?", cands) == []  # no content words: nothing to look for
+
+
+def test_three_word_questions_need_two_shared_words() -> None:
+    cands = [Candidate(1, "user", "The amber locker is by the door.", distance=500),
+             Candidate(2, "user", "The code for the amber locker is 12345.", distance=600),
+             Candidate(3, "user", "That code was long.", distance=700)]
+    assert pick("What is the code for the amber locker?", cands) == [2, 1]
+    assert pick("What is the code for the amber locker?", cands, budget=15) == [2]
+
+
+def test_only_the_sentences_that_matter_are_repeated() -> None:
+    cands = [Candidate(1, "user", "The code for the red gate is 111. The code for the blue van is 222. Bye.", 800)]
+    (r,) = select("What is the code for the blue van?", cands, horizon=100, budget=200, count=words)
+    assert r.line == "The code for the blue van is 222."
+    assert render([r]) == refresh.HEADER + "\n\nUser: The code for the blue van is 222."
+
+
+def test_the_block_never_exceeds_the_budget() -> None:
+    cands = [Candidate(i, "user", f"box{i} locker code is {10000 + i}.", 200 + 10 * i) for i in range(40)]
+    q = "locker codes of " + " ".join(f"box{i}" for i in range(40))
+    for budget in (8, 12, 30, 80):
+        chosen = select(q, cands, horizon=100, budget=budget, count=words)
+        assert words(render(chosen)) <= budget
+    assert select(q, cands, horizon=100, budget=5, count=words) == []  # not even the header fits
+    assert len(select(q, cands, horizon=100, budget=80, count=words)) > 3
+
+
+def test_ties_prefer_the_newer_turn() -> None:
+    cands = [Candidate(1, "user", "The locker code is 1.", 900), Candidate(2, "user", "The locker code is 2.", 400)]
+    assert pick("locker code", cands, budget=12) == [2]
+
+
+def test_horizon_from_the_card() -> None:
+    assert horizon_from_card({"heldout_recall_5digit": "0:1.00 256:0.92 512:0.92 1024:0.85 2048:0.15"}) == 512
+    assert horizon_from_card({"recall_horizon": 700, "heldout_recall_5digit": "0:1.00"}) == 700
+    assert horizon_from_card({"heldout_recall_5digit": "0:0.50"}) is None
+    assert horizon_from_card({}) is None
+
+
+def test_the_rule_imports_neither_torch_nor_the_store() -> None:
+    code = "import sys, agent.refresh; print('\\n'.join(sys.modules))"
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert not {m for m in mods if m.split(".")[0] in {"torch", "sqlite3", "sqlite_utils", "sessions", "textual"}}
+
+
+def test_a_faded_statement_superseded_by_a_recent_one_stays_out() -> None:
+    old = Candidate(1, "user", "The code for the jade trunk is 111.", 900)
+    update = Candidate(2, "user", "Update: the code for the jade trunk is now 222.", 50)
+    asked = Candidate(3, "user", "What is the code for the jade trunk?", 40)
+    reply = Candidate(4, "assistant", "The code for the jade trunk is 111.", 30)
+    q = "What is the code for the jade trunk?"
+    assert pick(q, [old, update]) == []  # the state holds the update
+    assert pick(q, [old, replace(update, distance=500)]) == [2]  # both faded: only the update
+    assert pick(q, [old, asked, reply]) == [1]  # a question or another role does not supersede
+
+
+def test_earlier_questions_are_not_recalled() -> None:
+    cands = [Candidate(1, "user", "My locker code is 48213. Will you remember it?", 900),
+             Candidate(2, "user", "What is my locker code?", 600),
+             Candidate(3, "user", "Do you know my locker code? And the gym one?", 500)]
+    chosen = select("What is my locker code?", cands, horizon=100, budget=200, count=words)
+    assert [(r.turn_id, r.line) for r in chosen] == [(1, "My locker code is 48213.")]
