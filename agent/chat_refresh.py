@@ -49,7 +49,7 @@ class RecallRefresh:
         if self._model_horizon is None:
             from agent.probes.ledger import recall_horizon
 
-            self._model_horizon = recall_horizon(self.lm.card, self.lm.model)
+            self._model_horizon = recall_horizon(self.lm)
         return self._model_horizon
 
     def horizon(self, opts: SamplingOptions) -> int:

@@ -24,7 +24,6 @@ from agent.runtime.templates import SegmentTemplate
 from agent.runtime.tokenizer import Tokenizer
 
 PLACEHOLDER = "\u2063laplace-content-{n}\u2063"
-DOCUMENT_LEAD = "Attached document: "
 FIXED_DATE = _dt.datetime(2026, 1, 1)  # templates that print today's date get a fixed one: turns tokenize the same every day
 
 
@@ -104,7 +103,7 @@ def _render_segments(files: TokenizerFiles, stops: list[str]) -> SegmentTemplate
     if not reply_open:
         reply_open = assistant[0]
     roles = {"system": (sys_prefix, sys_suffix), "user": user, "assistant": (reply_open, assistant[1]),
-             "document": (user[0] + DOCUMENT_LEAD, user[1])}
+             "document": user}  # attached files and recall blocks: a user turn that says what it is
     return SegmentTemplate(roles_text=roles, reply_open=reply_open, bos=bos, stop_tokens=tuple(stops), source="jinja")
 
 
@@ -113,7 +112,7 @@ def plain_template(tok: Tokenizer, stops: list[str]) -> SegmentTemplate:
     blank = tok.encode("\n\n")
     extra_stop = [tok.hf.id_to_token(blank[0])] if len(blank) == 1 else []
     roles = {"system": ("", "\n\n"), "user": ("User: ", "\n\n"), "assistant": ("Assistant: ", "\n\n"),
-             "document": ("User: " + DOCUMENT_LEAD, "\n\n")}
+             "document": ("User: ", "\n\n")}
     return SegmentTemplate(roles_text=roles, reply_open="Assistant:", bos="", stop_tokens=tuple(stops + extra_stop), source="plain")
 
 

@@ -67,7 +67,7 @@ class SuiteRunner:
         self.refresh = refresh
         self.refresh_tokens = refresh_tokens
         if refresh != "off":
-            measured, source = recall_horizon(loaded.card, loaded.model)
+            measured, source = recall_horizon(loaded)
             self.horizon, self.horizon_source = (refresh_horizon, "--refresh-horizon") if refresh_horizon else (measured, source)
         self.loaded = loaded
         self.model = loaded.model.eval()

@@ -185,3 +185,20 @@ def test_pull_downloads_then_imports(monkeypatch, ckpt) -> None:
     assert calls and calls[0][0] == "someone/Tiny-Llamba" and "*.safetensors" in calls[0][1]
     assert (models_dir() / "tiny-llamba" / "config.json").is_file()
     assert not (Settings.from_env().home / "downloads" / "someone__Tiny-Llamba").exists()  # cleaned after success
+
+
+def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -> None:
+    from agent.probes.ledger import recall_horizon
+    from agent.runtime.checkpoint import load_model
+
+    import torch
+
+    assert laplace("import", str(ckpt), "--out", "lb").exit_code == 0
+    lm = load_model("lb", models_dir=models_dir())
+    fast, source = recall_horizon(lm)
+    assert "measured on 512 tokens" in source
+    with torch.no_grad():  # slow every head's decay 10,000-fold: the horizon must follow
+        for block in lm.model.blocks:
+            block.attn.A_log.fill_(-9.21)
+    slow, _ = recall_horizon(lm)
+    assert slow > 1000 * max(fast, 1)
