@@ -58,7 +58,9 @@ def segment_template(files: TokenizerFiles, tok: Tokenizer, *, plain: bool = Fal
         return plain_template(tok, stops)
     try:
         return _render_segments(files, stops)
-    except TemplateError as exc:
+    except CheckpointError:
+        raise
+    except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # the template is third-party code
         raise CheckpointError(f"the checkpoint's chat template cannot be rendered ({exc}); import with --plain-template") from None
 
 

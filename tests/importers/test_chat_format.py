@@ -57,7 +57,7 @@ def test_template_code_runs_sandboxed(tmp_path) -> None:
 def test_a_template_that_rewrites_history_is_refused(tmp_path) -> None:
     # Marks the last message specially: adding a message changes the text before it.
     unstable = "{% for m in messages %}{% if loop.last %}[last]{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    with pytest.raises(CheckpointError, match="not prefix-stable"):
+    with pytest.raises(CheckpointError, match="^the chat template is not prefix-stable"):
         segment_template(files(unstable, tmp_path), TOK)
 
 
@@ -66,6 +66,11 @@ def test_a_template_without_a_system_role_takes_it_as_a_user_turn(tmp_path) -> N
                  "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
     tpl = segment_template(files(no_system, tmp_path), TOK)
     assert tpl.roles_text["system"] == tpl.roles_text["user"] == ("<|user|>", "<|end|>")
+
+
+def test_a_template_that_fails_in_python_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(CheckpointError, match="cannot be rendered"):
+        segment_template(files("{{ messages[0]['content'] + 1 }}", tmp_path), TOK)
 
 
 def test_no_stop_token_is_refused(tmp_path) -> None:
