@@ -40,6 +40,7 @@ from agent.chat_types import (
     TurnStarted,
     TurnView,
 )
+from agent.probes.session_check import check_state
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
 from agent.runtime.sampling import SamplingOptions, make_generator
@@ -348,27 +349,19 @@ class ChatService(SessionBrowsing):
             yield TurnFinished(self._turn_view(final))
 
     def probe(self, question: str, expected: str | None = None, max_new_tokens: int = 48) -> ProbeAnswer:
-        """Ask a copy of the live state; the live state and the transcript are untouched."""
+        """Ask a copy of the live state; the live state and the transcript are untouched.
+
+        With `expected`, the verdict is `laplace probe session`'s rule (`agent.probes.verdicts`):
+        the answer ranked among same-shape distractors, against a blank-state control."""
         with self._lock:
             _check_text(question, "question")
-            answer = self._ask_copy(self._state_now().clone(), question, max_new_tokens)
+            if expected is not None and not expected.strip():
+                raise ChatError("the expected answer is empty; give the words the session should remember")
+            check = check_state(self.lm, self._state_now().clone(), question, expect=expected,
+                                answer_tokens=max_new_tokens)
             if expected is None:
-                return ProbeAnswer(question, answer, None, None)
-            blank_ids = self.lm.template.message(self.lm.tokenizer, "system", self._require().system_prompt, first=True)
-            _, blank = self.runner.prefill(blank_ids, self._fresh_state())
-            control = self._ask_copy(blank, question, max_new_tokens)
-            said, guessed = expected.strip() in answer, expected.strip() in control
-            verdict = "UNDETERMINED" if guessed else "REMEMBERED" if said else "FORGOTTEN"
-            detail = f"blank-state control answered: {control[:80]!r}"
-            return ProbeAnswer(question, answer, expected, verdict, detail)
-
-    def _ask_copy(self, state: RecurrentState, question: str, max_new_tokens: int) -> str:
-        tok, template = self.lm.tokenizer, self.lm.template
-        ids = template.message(tok, "user", question) + template.reply_prefix(tok)
-        logits, state = self.runner.prefill(ids, state)
-        gen = Generation(self.runner, state, logits, SamplingOptions(temperature=0, max_new_tokens=max_new_tokens),
-                         stop_ids=template.stop_ids(tok))
-        return tok.decode(list(gen))
+                return ProbeAnswer(question, check.answer, None, None)
+            return ProbeAnswer(question, check.answer, expected, check.verdict, check.reason)
 
     # ---- management ---------------------------------------------------------------------
 

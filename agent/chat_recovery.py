@@ -14,16 +14,34 @@ Split from `agent/chat.py` to keep that file to the turn loop. Three jobs:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from agent.chat_browse import guarded
 from agent.chat_types import ChatError, StateUnusableError
-from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, Turn
+from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, StateMeta, Turn
 
 if TYPE_CHECKING:
-    from agent.chat import ChatService
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.generation import EagerRunner
+    from agent.runtime.state import RecurrentState
 
 
-def fold_interrupted(service: "ChatService", session: Session, *, with_state: bool = True) -> None:
+class RecoveringService(Protocol):
+    """What recovery uses of `ChatService`, spelled out so this module need not import
+    agent.chat (which imports this one)."""
+
+    store: SessionStore
+    lm: LoadedModel
+    runner: EagerRunner
+
+    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState: ...
+
+    def _blob(self, state: RecurrentState) -> bytes: ...
+
+    def _meta(self, state: RecurrentState) -> StateMeta: ...
+
+
+def fold_interrupted(service: RecoveringService, session: Session, *, with_state: bool = True) -> None:
     """Fold the kept text of a reply that a crashed writer left streaming into the state.
 
     Taking the lease marked such a reply cancelled with its flushed text but no token ids
@@ -64,7 +82,7 @@ def check_token_chain(store: SessionStore, session: Session) -> None:
         raise StateUnusableError(str(exc)) from None
 
 
-def prepare_rebuild(service: "ChatService", session: Session) -> Turn:
+def prepare_rebuild(service: RecoveringService, session: Session) -> Turn:
     """Ready the branch for a replay into a fresh state; returns its head.
 
     The replay reads the token ids as stored, so the recorded chain is recomputed from them
@@ -73,7 +91,7 @@ def prepare_rebuild(service: "ChatService", session: Session) -> Turn:
     keep the undamaged part.
     """
     store = service.store
-    service._guard(lambda: store.rechain(session.id))
+    guarded(lambda: store.rechain(session.id))
     fold_interrupted(service, session, with_state=False)
     head = store.get_turn(store.get_session(session.id).head_turn_id)
     vocab = service.lm.config.vocab_size

@@ -1,7 +1,9 @@
 """Settings read from the environment once, at the CLI's edge, and passed down explicitly.
 
-Nothing else in the project reads environment variables: tests build a `Settings` with a
-temporary home instead of mutating globals.
+Laplace's own settings are read only here: tests build a `Settings` with a temporary home
+instead of mutating globals. The exceptions are not laplace settings: distributed training
+reads `WORLD_SIZE` (set by torchrun) in agent/train, and `laplace chat` / `ask` on a Neuron device
+sets a default `TORCH_NEURONX_NEFF_CACHE_DIR` under the home for torch-neuronx.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from .errors import (
 from .hashing import GENESIS_HASH, chain_hash, pack_ids, unpack_ids
 from .records import LeaseInfo, Resumed, RunRecord, SearchHit, Session, SessionSummary, Snapshot, StateMeta, Turn
 from .store import SessionStore
-from .store_extra import Lease
+from .store_leases import Lease
 
 __all__ = [
     "AmbiguousSessionId", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",

@@ -1,4 +1,4 @@
-"""Hash-chain half of `SessionStore`: check the token-stream chain against the stored ids,
+"""The hash-chain part of `SessionStore`: check the token-stream chain against the stored ids,
 and repair it after the ids changed underneath it.
 
 Each turn records `stream_hash = chain_hash(parent.stream_hash, token_ids)`. Comparing a
@@ -12,20 +12,19 @@ rebuild replays the ids into a fresh state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .errors import StateTranscriptMismatch
 from .hashing import GENESIS_HASH, chain_hash_packed
-
-if TYPE_CHECKING:
-    from .store import SessionRef, SessionStore
-
-    _Base = SessionStore
-else:
-    _Base = object
+from .store_core import SessionRef, StoreCore
+from .store_leases import Leases
 
 
-class ChainMixin(_Base):
+class Chain:
+    """Checking and repairing the recorded token-stream hashes."""
+
+    def __init__(self, core: StoreCore, leases: Leases) -> None:
+        self.core = core
+        self.leases = leases
+
     def check_chain(self, session: SessionRef, turn_id: int | None = None) -> int:
         """Recompute the hash chain from the stored token ids along the branch ending at
         `turn_id` (default: head) and compare each turn's recorded hash and token total.
@@ -33,8 +32,8 @@ class ChainMixin(_Base):
         Raises StateTranscriptMismatch naming the first turn that differs; returns the
         number of tokens on the branch. One query; cost is hashing the branch's ids.
         """
-        s = self.get_session(session)
-        rows = self.db.execute(
+        s = self.core.get_session(session)
+        rows = self.core.db.execute(
             """WITH RECURSIVE up(id) AS (
                    SELECT ?
                    UNION ALL
@@ -57,10 +56,10 @@ class ChainMixin(_Base):
         """Rewrite every turn's recorded hash and token total from the stored ids, and drop
         the snapshots that no longer match their turn. Returns (turns fixed, snapshots
         dropped); (0, 0) when the chain was intact. O(session): for a rebuild only."""
-        s = self.get_session(session)
-        with self.transaction():
-            self._guard_lease(s.id)
-            rows = self.db.execute(
+        s = self.core.get_session(session)
+        with self.core.transaction():
+            self.leases.guard(s.id)
+            rows = self.core.db.execute(
                 "SELECT id, parent_id, token_ids, stream_hash, tokens_total FROM turns"
                 " WHERE session_id = ? ORDER BY depth, id", [s.id]).fetchall()
             chain: dict[int, tuple[str, int]] = {}
@@ -71,11 +70,11 @@ class ChainMixin(_Base):
                 chain[tid] = (chain_hash_packed(prev, blob), base + n)
                 if chain[tid] != (recorded, recorded_total):
                     fixed += 1
-                    self.db.execute("UPDATE turns SET stream_hash = ?, tokens_total = ?, n_tokens = ? WHERE id = ?",
+                    self.core.db.execute("UPDATE turns SET stream_hash = ?, tokens_total = ?, n_tokens = ? WHERE id = ?",
                                     [chain[tid][0], chain[tid][1], n, tid])
-            stale = [sid for sid, tid, h, n in self.db.execute(
+            stale = [sid for sid, tid, h, n in self.core.db.execute(
                 "SELECT id, turn_id, stream_hash, n_tokens FROM state_snapshots WHERE session_id = ?", [s.id])
                 if chain.get(tid) != (h, n)]
             if stale:
-                self.db.execute(f"DELETE FROM state_snapshots WHERE id IN ({','.join('?' * len(stale))})", stale)
+                self.core.db.execute(f"DELETE FROM state_snapshots WHERE id IN ({','.join('?' * len(stale))})", stale)
         return fixed, len(stale)

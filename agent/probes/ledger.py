@@ -77,17 +77,17 @@ def retention_ledger(g: Tensor, distances: Sequence[int]) -> dict:
         if d > T:
             continue
         r = torch.ones(L, H, dtype=torch.float64) if d == 0 else cum[:, d - 1].exp()
-        per_d[str(d)] = [[_round(x) for x in row] for row in r.tolist()]
+        per_d[str(d)] = [[round6(x) for x in row] for row in r.tolist()]
     flat = int(torch.argmax(half.flatten()))
     sl, sh = divmod(flat, H)
     slow_mean = float(mean[sl, sh])
     horizon = math.log(1 / HORIZON_FRACTION) / -slow_mean if slow_mean < 0 else math.inf
     return {
         "tokens": T,
-        "half_life": [[_round(x) for x in row] for row in half.tolist()],
-        "slowest": {"layer": sl, "head": sh, "half_life": _round(float(half[sl, sh]))},
-        "predicted_d50": _round(float(half[sl, sh])),
-        "horizon": _round(horizon),
+        "half_life": [[round6(x) for x in row] for row in half.tolist()],
+        "slowest": {"layer": sl, "head": sh, "half_life": round6(float(half[sl, sh]))},
+        "predicted_d50": round6(float(half[sl, sh])),
+        "horizon": round6(horizon),
         "retention": per_d,
         "slowest_retention": {d: r[sl][sh] for d, r in per_d.items()},
     }
@@ -101,11 +101,11 @@ def resting_half_lives(model: LaplaceModel) -> list[list[float]]:
     out = []
     for block in model.blocks:
         g = block.attn.resting_log_decay().detach().cpu()
-        out.append([_round(math.log(2.0) / -x) if x < 0 else math.inf for x in g.tolist()])
+        out.append([round6(math.log(2.0) / -x) if x < 0 else math.inf for x in g.tolist()])
     return out
 
 
-def _round(x: float) -> float:
+def round6(x: float) -> float:
     """Six significant digits: stable JSON across runs, enough for every report."""
     if not math.isfinite(x):
         return x
@@ -167,14 +167,14 @@ def counterfactual_trace(
         gap = _answer_gap(model, state, question, answer_ids)
         rows.append({
             "distance": d,
-            "state_diff": [[_round(x) for x in r] for r in norms.tolist()],
-            "layer0_predicted": [_round(x) for x in predicted.tolist()],
-            "logp_gap": _round(gap),
+            "state_diff": [[round6(x) for x in r] for r in norms.tolist()],
+            "layer0_predicted": [round6(x) for x in predicted.tolist()],
+            "logp_gap": round6(gap),
         })
     return {
-        "initial_diff": [[_round(x) for x in r] for r in d0.tolist()],
+        "initial_diff": [[round6(x) for x in r] for r in d0.tolist()],
         "rows": rows,
-        "self_test": {"passed": ok and checked > 0, "checked": checked, "worst_rel_error": _round(worst), "rtol": SELF_TEST_RTOL},
+        "self_test": {"passed": ok and checked > 0, "checked": checked, "worst_rel_error": round6(worst), "rtol": SELF_TEST_RTOL},
     }
 
 

@@ -17,7 +17,7 @@ import torch
 
 from agent.runtime.checkpoint import LoadedModel
 
-from agent.probes.ledger import _round
+from agent.probes.ledger import round6
 from agent.probes.runner import Outcome
 from agent.probes.stats import chance_corrected, decay_distances, mean_ci, sparkline, wilson
 
@@ -42,27 +42,27 @@ def _cell(probe: str, filler: str, d: int, results: list, kinds: list[str] | Non
     lift, llo, lhi = mean_ci([a.lift for a, _ in results])
     cell: dict[str, Any] = {
         "probe": probe, "filler": filler, "distance": d, "n": n,
-        "chance": _round(chance), "top1": _round(top1 / n), "ci": [_round(lo), _round(hi)],
-        "cc": _round(chance_corrected(top1 / n, chance)),
-        "mrr": _round(sum(1 / a.rank for a, _ in results) / n),
-        "exact": _round(sum(a.exact for a, _ in results) / n),
-        "contains": _round(sum(a.contains for a, _ in results) / n),
-        "lift": _round(lift), "lift_ci": [_round(llo), _round(lhi)],
-        "blank_top1": _round(sum(a.blank_rank == 1 for a, _ in results) / n),
+        "chance": round6(chance), "top1": round6(top1 / n), "ci": [round6(lo), round6(hi)],
+        "cc": round6(chance_corrected(top1 / n, chance)),
+        "mrr": round6(sum(1 / a.rank for a, _ in results) / n),
+        "exact": round6(sum(a.exact for a, _ in results) / n),
+        "contains": round6(sum(a.contains for a, _ in results) / n),
+        "lift": round6(lift), "lift_ci": [round6(llo), round6(lhi)],
+        "blank_top1": round6(sum(a.blank_rank == 1 for a, _ in results) / n),
     }
     if kinds and len(kinds) == n and len(set(kinds)) > 1:
         # Greedy exact recall per value kind ("digits" is the 5-digit number).
-        cell["exact_by_kind"] = {k: _round(sum(a.exact for (a, _), kk in zip(results, kinds) if kk == k) / kinds.count(k))
+        cell["exact_by_kind"] = {k: round6(sum(a.exact for (a, _), kk in zip(results, kinds) if kk == k) / kinds.count(k))
                                  for k in sorted(set(kinds))}
     if blocks:  # a recall-refresh cell: how often the block repeated the fact, and its size
-        cell["refresh"] = {"recalled": _round(sum(h for h, _ in blocks) / len(blocks)),
-                           "blocks": _round(sum(t > 0 for _, t in blocks) / len(blocks)),
-                           "mean_tokens": _round(sum(t for _, t in blocks) / len(blocks)),
+        cell["refresh"] = {"recalled": round6(sum(h for h, _ in blocks) / len(blocks)),
+                           "blocks": round6(sum(t > 0 for _, t in blocks) / len(blocks)),
+                           "mean_tokens": round6(sum(t for _, t in blocks) / len(blocks)),
                            "max_tokens": max(t for _, t in blocks)}
     if any(s is not None for _, s in results):
         stale = sum(bool(s) for _, s in results) / n
-        cell["stale"] = _round(stale)
-        cell["other"] = _round(1 - top1 / n - stale)
+        cell["stale"] = round6(stale)
+        cell["other"] = round6(1 - top1 / n - stale)
     return cell
 
 
@@ -83,7 +83,7 @@ def _summary(probe: str, filler: str, cells: list[dict], ledger: dict | None, pa
         out["lift_at_0"] = first["lift"]
         out["lift_ci_at_0"] = first["lift_ci"]
     if probe == "order" and passkey:
-        out["gap_vs_passkey"] = {str(c["distance"]): _round(c["top1"] - passkey[c["distance"]]) for c in cells if c["distance"] in passkey}
+        out["gap_vs_passkey"] = {str(c["distance"]): round6(c["top1"] - passkey[c["distance"]]) for c in cells if c["distance"] in passkey}
     return out
 
 

@@ -18,12 +18,11 @@ from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.state import RecurrentState
 
 from agent.probes import text
-from agent.probes.engine import Answer, advance, ask, greedy_answer
+from agent.probes.engine import advance, ask, greedy_answer
 from agent.probes.ledger import resting_half_lives
 from agent.probes.tasks import shaped_candidates
+from agent.probes.verdicts import ANSWERED, judge
 
-LIFT_NATS = 1.0  # the state must raise the answer's log-prob by this much over a blank state
-MIN_CANDIDATES = 5
 ANSWER_TOKENS = 48
 
 
@@ -38,7 +37,7 @@ class Mention:
 
 @dataclass
 class SessionCheck:
-    verdict: str  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED | ANSWERED (no expectation)
+    verdict: str  # one of the words in `verdicts` (ANSWERED when there is no expectation)
     answer: str  # the model's greedy answer from the copy
     question: str
     expect: str | None = None
@@ -89,18 +88,41 @@ def predicted_retention(loaded: LoadedModel, tokens_since: int | None) -> dict[s
     return out
 
 
-def _verdict(a: Answer, n: int) -> tuple[str, str]:
-    if n < MIN_CANDIDATES:
-        return "UNDETERMINED", f"only {n} distractors of the same shape and token length exist"
-    if a.blank_rank == 1:
-        return "UNDETERMINED", "a blank state already ranks the expected answer first: no test of memory"
-    if a.exact or a.contains:
-        return "REMEMBERED", "the model says it"
-    if a.rank == 1 and a.lift >= LIFT_NATS:
-        return "REMEMBERED", f"top choice among {n} and {a.lift:+.2f} nats over a blank state"
-    if a.rank <= 3 or a.lift >= LIFT_NATS:
-        return "WEAK", f"rank {a.rank} of {n}, {a.lift:+.2f} nats over a blank state, but not said"
-    return "FORGOTTEN", f"rank {a.rank} of {n}, {a.lift:+.2f} nats over a blank state"
+def check_state(
+    loaded: LoadedModel,
+    state: RecurrentState,
+    question: str,
+    *,
+    expect: str | None = None,
+    mention: Mention | None = None,
+    seed: int = 0,
+    answer_tokens: int = ANSWER_TOKENS,
+) -> SessionCheck:
+    """Ask `question` of `state` (the caller passes a copy it may lose) and, with `expect`,
+    judge it by `verdicts.judge` against same-shape distractors and a blank-state control."""
+    if expect is not None and not expect.strip():
+        raise ValueError("--expect must not be empty")
+    tok, tpl, model = loaded.tokenizer, loaded.template, loaded.model.eval()
+    q_ids = tpl.message(tok, "user", question) + tpl.reply_prefix(tok)
+    stops = tpl.stop_ids(tok)
+    result = SessionCheck(verdict=ANSWERED, answer="", question=question, expect=expect, mention=mention,
+                          state_tokens=state.n_tokens)
+    if expect is None:
+        result.answer = tok.decode(greedy_answer(model, state, q_ids, answer_tokens, stops))
+    else:
+        expect = expect.strip()
+        rng = text.rng_of(seed, "session", question, expect)
+        cands = shaped_candidates(expect, rng, tok.encode)
+        ids = [tok.encode(c) for c in cands]
+        a = ask(model, state, q_ids, ids, cands.index(expect), decode=tok.decode, answer=expect,
+                greedy_tokens=len(ids[0]) + 8, stop_ids=stops)
+        result.verdict, result.reason = judge(said=a.exact or a.contains, rank=a.rank, n_candidates=len(cands),
+                                              lift=a.lift, blank_rank=a.blank_rank)
+        result.answer = a.greedy
+        result.rank, result.n_candidates = a.rank, a.n_candidates
+        result.logp, result.blank_logp, result.blank_rank = a.logp, a.blank_logp, a.blank_rank
+    result.retention = predicted_retention(loaded, mention.tokens_since if mention else None)
+    return result
 
 
 def check_session(
@@ -113,35 +135,17 @@ def check_session(
     mention: Mention | None = None,
     seed: int = 0,
 ) -> SessionCheck:
-    """Ask `question` of a copy of the state (after folding `fold_ids`, the turns since the
-    snapshot, if any) and, with `expect`, score it against same-shape distractors and a
-    blank-state control. Raises the runtime's `StateError` for unusable bytes."""
+    """`check_state` on a saved state: parse a copy of the bytes, fold `fold_ids` (the turns
+    since the snapshot, if any), ask, and confirm the caller's bytes are unchanged. Raises
+    the runtime's `StateError` for unusable bytes."""
     if expect is not None and not expect.strip():
         raise ValueError("--expect must not be empty")
     digest = hashlib.sha256(state_bytes).hexdigest()
-    tok, tpl, model = loaded.tokenizer, loaded.template, loaded.model.eval()
     state = RecurrentState.from_bytes(bytes(state_bytes), config=loaded.config, fingerprint=loaded.fingerprint,
-                                      device=model.embed.weight.device)
-    n_tokens = state.n_tokens
+                                      device=loaded.model.embed.weight.device)
     if fold_ids:
-        _, state = advance(model, state, fold_ids)
-    q_ids = tpl.message(tok, "user", question) + tpl.reply_prefix(tok)
-    stops = tpl.stop_ids(tok)
-    result = SessionCheck(verdict="ANSWERED", answer="", question=question, expect=expect, mention=mention,
-                          state_tokens=n_tokens + len(fold_ids), state_sha256=digest)
-    if expect is None:
-        result.answer = tok.decode(greedy_answer(model, state, q_ids, ANSWER_TOKENS, stops))
-    else:
-        expect = expect.strip()
-        rng = text.rng_of(seed, "session", question, expect)
-        cands = shaped_candidates(expect, rng, tok.encode)
-        ids = [tok.encode(c) for c in cands]
-        a = ask(model, state, q_ids, ids, cands.index(expect), decode=tok.decode, answer=expect,
-                greedy_tokens=len(ids[0]) + 8, stop_ids=stops)
-        result.verdict, result.reason = _verdict(a, len(cands))
-        result.answer = a.greedy
-        result.rank, result.n_candidates = a.rank, a.n_candidates
-        result.logp, result.blank_logp, result.blank_rank = a.logp, a.blank_logp, a.blank_rank
-    result.retention = predicted_retention(loaded, mention.tokens_since if mention else None)
+        _, state = advance(loaded.model.eval(), state, fold_ids)
+    result = check_state(loaded, state, question, expect=expect, mention=mention, seed=seed)
+    result.state_sha256 = digest
     result.bytes_unchanged = hashlib.sha256(state_bytes).hexdigest() == digest
     return result

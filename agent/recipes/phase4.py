@@ -60,7 +60,9 @@ MIX_PLAN = 3
 CHARS_PER_LOOKUP_TOKEN = 2.2  # measured on lookup.record with the default tokenizer
 
 
-def _prose(rng: random.Random, train: list[Passage], chars: float) -> list[Passage]:
+def prose_passages(rng: random.Random, train: list[Passage], chars: float) -> list[Passage]:
+    """About `chars` characters of wide-text passages from `train`, shuffled by `rng`
+    (phase 4's prose share; phase 5 reuses it)."""
     pool = wide_text(train)
     rng.shuffle(pool)
     return rdata.take_chars(pool, chars)[0]
@@ -100,7 +102,7 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
                                                          DialogueSpec(length=512, gap_min=0, gap_max=0, key_drill=True), nk, tok, template)
         records = _lookup_records(rng, words, total * shares[2] * CHARS_PER_LOOKUP_TOKEN * 1.05,
                                   ("word",) if name == "mix" else ("word", "is", "pair"))
-    prose = _prose(rng, train, total * 0.1 * 4)
+    prose = prose_passages(rng, train, total * 0.1 * 4)
     text = records + prose
     rng.shuffle(text)
     rdata.write_text(folder / "b_text.jsonl", text)

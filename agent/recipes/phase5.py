@@ -74,9 +74,9 @@ from agent.recipes.dialogues import DialogueSpec, Fact
 from agent.recipes.phase2 import phase2_world
 from agent.recipes.phase3 import SPEC as PHASE3_SPEC
 from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase4 import _prose, start_block
+from agent.recipes.phase4 import prose_passages, start_block
 from agent.recipes.recall_eval import EVAL_SEED, evaluate
-from agent.recipes.recall_eval import _code as held_out_code
+from agent.recipes.recall_eval import held_out_code
 from agent.recipes.vocab import HELDOUT, World, composed
 from agent.recipes.weighted import FocusTrainer
 from agent.recipes.widen import widen_heads
@@ -219,7 +219,7 @@ def write_block(folder: Path, name: str, *, seed: int, steps: int, lm: Any, trai
     info["key_drill_tokens"] = rdata.write_dialogues(folder / "a_keys.jsonl", bk, rng, drill, math.ceil(total * shares[1] / drill.length * 1.05),
                                                      tok, template)
     if shares[2]:
-        prose = _prose(rng, train, total * shares[2] * 4)
+        prose = prose_passages(rng, train, total * shares[2] * 4)
         rdata.write_text(folder / "b_text.jsonl", prose)
         info["prose_chars"] = sum(len(p.text) for p in prose)
     return info

@@ -83,7 +83,7 @@ def _sweep(lm: LoadedModel, b: Any, rng: random.Random, plant: list[int], facts:
             yield d, f, reply, ended
 
 
-def _code(rng: random.Random) -> Fact:
+def held_out_code(rng: random.Random) -> Fact:
     """A held-out 5-digit code for a held-out thing."""
     return Fact("code", rng.choice(HELDOUT.code_attrs), f"{rng.choice(HELDOUT.thing_adj)} {rng.choice(HELDOUT.thing_noun)}",
                 "num5", str(rng.randint(10000, 99999)))
@@ -110,7 +110,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
             rng = random.Random(seed * 31 + t)
             f = new_fact(rng, HELDOUT, set())
             if codes_only or t % 2 == 0:  # half are 5-digit codes: the issue's headline number
-                f = _code(rng)
+                f = held_out_code(rng)
             plant = sys_ids + _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
             for d, _, reply, ended in _sweep(lm, b, rng, plant, [f], distances):
                 total_replies += 1
@@ -140,7 +140,7 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
         stale = {d: 0 for d in distances}
         for t in range(trials):
             rng = random.Random(seed * 41 + t)
-            f = _code(rng)
+            f = held_out_code(rng)
             old = f.value
             ids = sys_ids + _msg(lm, "user", f.statement(rng, HELDOUT)) + _msg(lm, "assistant", rng.choice(HELDOUT.acks))
             ids += _filler(lm, b, rng, 64)
@@ -159,9 +159,9 @@ def evaluate(lm: LoadedModel, passages: list[Passage], *, distances: tuple[int, 
         swapped = {d: 0 for d in distances}
         for t in range(trials):
             rng = random.Random(seed * 47 + t)
-            pair = [_code(rng)]
+            pair = [held_out_code(rng)]
             while len(pair) < 2:
-                f = _code(rng)
+                f = held_out_code(rng)
                 if f.key != pair[0].key and f.value != pair[0].value:
                     pair.append(f)
             ids = list(sys_ids)

@@ -46,10 +46,10 @@ class WeightedTrainer(Trainer):
                 i = j
         return w
 
-    def _loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.answer_weight == 1.0 or self.initial is not None:
-            return super()._loss_sum(inputs, labels)
-        with self._autocast():
+            return super().loss_sum(inputs, labels)
+        with self.autocast():
             logits, _ = self.model(inputs.to(self.device), None)
         per = F.cross_entropy(logits.float().flatten(0, 1), labels.to(self.device).flatten(), ignore_index=IGNORE_INDEX, reduction="none")
         return (per * self._weights(labels).flatten().to(per.device)).sum()

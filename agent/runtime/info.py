@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from safetensors import SafetensorError, safe_open
 
 from agent.runtime.checkpoint import MODEL_FILES, ModelLoadError, not_a_model_dir, read_config, resolve_model_path
 from agent.runtime.config import PRESETS
 from agent.runtime.device import DeviceUnavailableError, resolve_device
 from agent.runtime.model import build_model
+from agent.runtime.params import is_block_matrix
 
 
 class ModelInfoError(RuntimeError):
@@ -25,11 +24,6 @@ def count_on_meta(config: Any) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     muon = sum(p.numel() for name, p in model.named_parameters() if is_block_matrix(name, p))
     return total, muon
-
-
-def is_block_matrix(name: str, p: torch.Tensor) -> bool:
-    """The 2-D matrices inside blocks that Muon trains (q, k, v, output gate, o, GLU)."""
-    return name.startswith("blocks.") and p.dim() == 2 and name.endswith(("_proj.weight", "w1.weight", "w2.weight", "w3.weight"))
 
 
 def check_model_files(root: Path, config: Any) -> None:

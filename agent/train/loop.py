@@ -166,14 +166,20 @@ class Trainer:
 
     # ---- steps --------------------------------------------------------------------------
 
-    def _autocast(self) -> Any:
+    def autocast(self) -> Any:
+        """The autocast context for a forward pass at the run's dtype (none in fp32)."""
         if self.dtype == torch.float32:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def _loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of one micro-batch over its trained (non-ignored) labels.
+
+        The hook a subclass overrides to weight tokens differently (recipes/weighted.py);
+        `train_step` normalizes the sum by the step's trained tokens, `evaluate` by the split's.
+        """
         state = self.initial.expand(inputs.shape[0]) if self.initial is not None else None
-        with self._autocast():
+        with self.autocast():
             logits, _ = self.model(inputs.to(self.device), state)
         return F.cross_entropy(logits.float().flatten(0, 1), labels.to(self.device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
@@ -193,7 +199,7 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         for i in range(0, len(local), self.micro):
             inputs, labels = self.data.rows(local[i : i + self.micro])
-            loss = self._loss_sum(inputs, labels)
+            loss = self.loss_sum(inputs, labels)
             (loss * scale).backward()
             loss_sum += float(loss.detach())
         params = [p for p in self.trainable.parameters() if p.requires_grad]
@@ -224,7 +230,7 @@ class Trainer:
         total, count = 0.0, 0
         for i in range(0, n, self.micro):
             inputs, labels = self.eval_data.rows(torch.arange(i, min(n, i + self.micro)))
-            total += float(self._loss_sum(inputs, labels))
+            total += float(self.loss_sum(inputs, labels))
             count += int((labels != IGNORE_INDEX).sum())
         self.model.train(was_training)
         return total / max(1, count)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from agent.runtime.device import matmul_dtype
-from agent.runtime.info import is_block_matrix
+from agent.runtime.params import BLOCK_MATRIX_ROLES, is_block_matrix
 from agent.train.muon import Muon
 
 SCHEDULES = ("wsd", "cosine", "constant")
@@ -37,13 +37,14 @@ class ParamSplit:
 
     def describe(self) -> str:
         return (
-            f"Muon  {self.muon_numel:,} parameters in {len(self.muon)} block matrices (q, k, v, output gate, o, GLU)\n"
+            f"Muon  {self.muon_numel:,} parameters in {len(self.muon)} block matrices ({BLOCK_MATRIX_ROLES})\n"
             f"AdamW {self.adamw_numel:,} parameters in {len(self.adamw)} tensors (embeddings, LM head, norms, conv, decay gates)"
         )
 
 
 def split_parameters(model: nn.Module, *, use_muon: bool = True) -> ParamSplit:
-    """Muon for the 2-D matrices inside blocks, AdamW for everything else.
+    """Muon for the 2-D matrices inside blocks (`agent.runtime.params.is_block_matrix`, shared
+    with `laplace info`), AdamW for everything else.
 
     With `use_muon=False` (the AdamW-only baseline) every parameter goes to AdamW."""
     muon: list[tuple[str, nn.Parameter]] = []

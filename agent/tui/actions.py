@@ -13,7 +13,7 @@ from textual import work
 from textual.app import SystemCommand
 from textual.binding import Binding
 
-from agent.chat_types import ChatError, ProbeAnswer
+from agent.chat_types import FORGOTTEN, REMEMBERED, WEAK, ChatError, ProbeAnswer
 
 from .chat.messages import MessageWidget
 from .dialogs import ConfirmScreen, HelpScreen, TextInputScreen
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-VERDICT_SEVERITY = {"REMEMBERED": "information", "WEAK": "warning", "FORGOTTEN": "error"}
+VERDICT_SEVERITY = {REMEMBERED: "information", WEAK: "warning", FORGOTTEN: "error"}
 
 
 def known_bindings() -> dict[str, Binding]:

@@ -1,16 +1,9 @@
 """The app factory: the one way to build the TUI (the CLI, tests and the benchmark use it).
 
-The CLI launches it like this::
-
-    service = ChatService(...)                      # owned and closed by the caller
-    try:
-        service.resume(prefix)                      # or new_session(...)
-        error = None
-    except StateUnusableError as e:
-        error = e                                   # the app offers a rebuild
-    keys = tomllib.loads(path.read_text()).get("keys", {}) if path.exists() else None
-    create_app(service, keymap=keys, startup_error=error).run()
-    service.close()
+`laplace chat` (agent/cli_chat.py `chat`) checks the keymap file (`load_keymap`), opens the
+service and its session (`open_service`, which hands back a `StateUnusableError` instead of
+raising it so the app can offer a rebuild), then calls `create_app(service, keymap=...,
+startup_error=...)` and runs it; the caller owns the service and closes it and its store.
 """
 
 from __future__ import annotations

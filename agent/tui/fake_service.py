@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from agent.chat_types import (
+    FORGOTTEN,
+    REMEMBERED,
     ChatError,
     ChatEvent,
     ProbeAnswer,
@@ -315,7 +317,7 @@ class FakeChatService:
             return ProbeAnswer(question, "I am not sure.", None, None)
         ok = expected.lower() in history.lower()
         return ProbeAnswer(question, expected if ok else "I don't know.", expected,
-                           "REMEMBERED" if ok else "FORGOTTEN", detail="substring match (fake)")
+                           REMEMBERED if ok else FORGOTTEN, detail="substring match (fake)")
 
     def fork(self, at_turn: int | None = None) -> SessionView:
         self.calls.append(("fork", at_turn))

@@ -208,10 +208,25 @@ def test_probe_asks_a_copy_and_changes_nothing(make_service):
     run(svc.send("my locker code is 48213"))
     state_before, turns_before = svc._state_now().clone(), len(svc.tail())
     answer = svc.probe("what is my locker code?", "48213")
-    assert answer.verdict in {"REMEMBERED", "FORGOTTEN", "UNDETERMINED"} and answer.expected == "48213"
+    assert answer.verdict in {"REMEMBERED", "WEAK", "FORGOTTEN", "UNDETERMINED"} and answer.expected == "48213"
     assert svc.probe("anything?").verdict is None
     torch.testing.assert_close(svc._state_now().gla, state_before.gla)
     assert len(svc.tail()) == turns_before
+
+
+def test_probe_judges_by_the_same_rule_as_probe_session(make_service):
+    """/probe and `laplace probe session` share one rule: same state, same verdict and reason."""
+    from agent.probes.session_check import check_state
+
+    svc = make_service()
+    svc.new_session()
+    run(svc.send("my locker code is 48213"))
+    answer = svc.probe("what is my locker code?", "48213")
+    check = check_state(svc.lm, svc._state_now().clone(), "what is my locker code?", expect="48213")
+    assert (answer.verdict, answer.detail, answer.answer) == (check.verdict, check.reason, check.answer)
+    assert check.rank is not None and check.reason
+    with pytest.raises(ChatError, match="expected answer is empty"):
+        svc.probe("what is my locker code?", "  ")
 
 
 def test_regenerate_adds_a_sibling_and_keeps_the_old_reply(make_service):

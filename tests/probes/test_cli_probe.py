@@ -140,20 +140,18 @@ def test_session_bad_input(session_db, args, message):
 
 
 def test_verdicts_follow_rank_lift_and_the_blank_control():
-    from agent.probes.engine import Answer
-    from agent.probes.session_check import _verdict
+    from agent.probes.verdicts import judge
 
-    def ans(rank=1, lift=3.0, blank_rank=9, said=False):  # type: ignore[no-untyped-def]
-        return Answer(rank=rank, n_candidates=20, pick=0, logp=-1.0, blank_logp=-1.0 - lift, blank_rank=blank_rank,
-                      greedy="", exact=said, contains=said)
+    def verdict(rank=1, lift=3.0, blank_rank=9, said=False, n=20):  # type: ignore[no-untyped-def]
+        return judge(said=said, rank=rank, n_candidates=n, lift=lift, blank_rank=blank_rank)[0]
 
-    assert _verdict(ans(said=True, rank=4, lift=0.0), 20)[0] == "REMEMBERED"
-    assert _verdict(ans(), 20)[0] == "REMEMBERED"
-    assert _verdict(ans(rank=1, lift=0.2), 20)[0] == "WEAK"
-    assert _verdict(ans(rank=9, lift=1.5), 20)[0] == "WEAK"
-    assert _verdict(ans(rank=9, lift=0.1), 20)[0] == "FORGOTTEN"
-    assert _verdict(ans(blank_rank=1), 20)[0] == "UNDETERMINED"
-    assert _verdict(ans(), 3)[0] == "UNDETERMINED"
+    assert verdict(said=True, rank=4, lift=0.0) == "REMEMBERED"
+    assert verdict() == "REMEMBERED"
+    assert verdict(rank=1, lift=0.2) == "WEAK"
+    assert verdict(rank=9, lift=1.5) == "WEAK"
+    assert verdict(rank=9, lift=0.1) == "FORGOTTEN"
+    assert verdict(blank_rank=1) == "UNDETERMINED"
+    assert verdict(n=3) == "UNDETERMINED"
 
 
 def test_find_mention_counts_tokens_after_the_last_occurrence():

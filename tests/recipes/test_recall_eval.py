@@ -18,7 +18,7 @@ def test_keys_counts_the_asked_code_right_and_the_other_held_code_swapped(monkey
                                                                          swapped: float) -> None:
     torch.set_num_threads(1)
     made: list = []
-    real_code = recall_eval._code
+    real_code = recall_eval.held_out_code
 
     def code(rng):  # type: ignore[no-untyped-def]
         f = real_code(rng)
@@ -30,7 +30,7 @@ def test_keys_counts_the_asked_code_right_and_the_other_held_code_swapped(monkey
         pick = {"asked": f, "latest": pair[-1], "first": pair[0]}[policy]
         return f"The code is {pick.value}.", True
 
-    monkeypatch.setattr(recall_eval, "_code", code)
+    monkeypatch.setattr(recall_eval, "held_out_code", code)
     monkeypatch.setattr(recall_eval, "_ask", ask)
     out = recall_eval.evaluate(load_model("tiny"), PASSAGES, distances=(0, 16), trials=3, kinds=("keys",))
     assert out["keys_right"] == {0: right, 16: right}

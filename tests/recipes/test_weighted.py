@@ -30,3 +30,11 @@ def test_weights_mark_recall_answers_only() -> None:
     assert "The code for the red door is 12345." in up and "You haven't told me your dog's name." in up
     assert "Noted" not in up
     assert bool((w[labels == -100] == 1).all())
+
+
+def test_weighting_overrides_the_trainers_public_loss_hook() -> None:
+    """The trainer calls `loss_sum`; an override under another name would silently train unweighted."""
+    from agent.train.loop import Trainer
+
+    assert WeightedTrainer.loss_sum is not Trainer.loss_sum
+    assert not [n for n in vars(WeightedTrainer) if n.startswith("_loss")]

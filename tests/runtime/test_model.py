@@ -117,3 +117,12 @@ def test_training_gradients_flow_through_all_parameters(tiny):
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert no_grad == []
+
+
+def test_laplace_info_and_the_optimizer_split_count_the_same_muon_parameters() -> None:
+    """One rule (`agent.runtime.params.is_block_matrix`) for `laplace info` and the optimizer grouping."""
+    from agent.runtime.config import get_preset
+    from agent.train.optim import split_parameters
+
+    cfg = get_preset("tiny")
+    assert count_on_meta(cfg)[1] == split_parameters(build_model(cfg, device="meta")).muon_numel

@@ -1,131 +1,43 @@
-"""Leases, listing, fork, delete, search, probe/finetune runs and export for `SessionStore`.
-
-Leases: one writer per session. A lease row names its owner (a token per store), pid and
-host, and expires `lease_ttl_s` after the last heartbeat, so a crashed holder cannot keep
-a session forever; on the same host a lease whose pid is gone is stale at once. Every
-write to a session checks the lease in its own transaction; readers never look at it.
-"""
+"""The browsing part of `SessionStore`: listing, fork, delete, full-text search, probe and
+finetune run records, and export."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import export as _export
 from .database import utcnow
-from .errors import SessionInUse, TurnNotFound
+from .errors import TurnNotFound
 from ._rows import RUN_COLS, SESSION_COLS, TURN_COLS, prefixed, to_run, to_session, to_turn
-from .records import LeaseInfo, RunRecord, SearchHit, Session, SessionSummary, Turn
-
-if TYPE_CHECKING:
-    from .store import SessionRef, SessionStore
-
-    _Base = SessionStore
-else:
-    _Base = object
-
-_HOST = socket.gethostname()
+from .records import RunRecord, SearchHit, Session, SessionSummary, Turn
+from .store_core import SessionRef, StoreCore
+from .store_leases import Leases
+from .store_state import Snapshots
+from .store_tree import Tree
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+class Browse:
+    """Whole-session operations and queries across sessions."""
 
+    def __init__(self, core: StoreCore, leases: Leases, tree: Tree, snapshots: Snapshots) -> None:
+        self.core = core
+        self.leases = leases
+        self.tree = tree
+        self.snapshots = snapshots
 
-class Lease:
-    """The right to write one session; renew with `heartbeat()`, end with `release()`."""
-
-    def __init__(self, store: "ExtrasMixin", session_id: int, session_uid: str) -> None:
-        self.store = store
-        self.session_id = session_id
-        self.session_uid = session_uid
-
-    def heartbeat(self) -> None:
-        """Extend the lease; raises SessionInUse if another writer took it after it expired."""
-        with self.store.transaction():
-            self.store._guard_lease(self.session_id, claim=True)
-
-    def release(self) -> None:
-        self.store._held.pop(self.session_id, None)
-        with self.store.transaction():
-            self.store.db.execute("DELETE FROM session_leases WHERE session_id = ? AND owner = ?",
-                                  [self.session_id, self.store._owner])
-
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class ExtrasMixin(_Base):
-    # -- leases -------------------------------------------------------------------------
-
-    def _lease_is_live(self, lease: LeaseInfo) -> bool:
-        if lease.expires_at <= self._clock():
-            return False
-        return lease.hostname != _HOST or _pid_alive(lease.pid)
-
-    def lease_holder(self, session: SessionRef) -> LeaseInfo | None:
-        """The live lease on a session, if any (for `sessions show`)."""
-        s = self.get_session(session)
-        row = self._one("SELECT session_id, owner, pid, hostname, expires_at FROM session_leases"
-                        " WHERE session_id = ?", [s.id])
-        info = LeaseInfo(session_id=row[0], owner=row[1], pid=row[2], hostname=row[3], expires_at=row[4]) \
-            if row else None
-        return info if info and self._lease_is_live(info) else None
-
-    def _guard_lease(self, session_id: int, *, claim: bool = False) -> None:
-        """Inside a write transaction: fail if another live writer holds the session; renew
-        our own lease (every write is a heartbeat); take the lease when `claim`."""
-        row = self._one("SELECT session_id, owner, pid, hostname, expires_at FROM session_leases"
-                        " WHERE session_id = ?", [session_id])
-        now = self._clock()
-        if row is not None and row[1] != self._owner:
-            other = LeaseInfo(session_id=row[0], owner=row[1], pid=row[2], hostname=row[3], expires_at=row[4])
-            if self._lease_is_live(other):
-                raise SessionInUse(self._session_uid(session_id), other.pid, other.hostname, other.expires_at - now)
-            if not claim:
-                return
-        if row is None and not claim:
-            return
-        self.db.execute(
-            "INSERT INTO session_leases (session_id, owner, pid, hostname, acquired_at, expires_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET owner = excluded.owner,"
-            " pid = excluded.pid, hostname = excluded.hostname, expires_at = excluded.expires_at",
-            [session_id, self._owner, os.getpid(), _HOST, now, now + self.lease_ttl_s],
-        )
-
-    def acquire_lease(self, session: SessionRef) -> Lease:
-        """Become the session's only writer, or raise SessionInUse naming the holder.
-
-        Turns a dead writer left `streaming` are marked cancelled (their text is kept):
-        holding the lease proves nobody is still streaming into them.
-        """
-        s = self.get_session(session)
-        with self.transaction():
-            self._guard_lease(s.id, claim=True)
-            self.db.execute(
-                "UPDATE turns SET status = 'cancelled', error = 'interrupted: the writer stopped mid-reply',"
-                " updated_at = ? WHERE session_id = ? AND status = 'streaming'", [utcnow(), s.id])
-        lease = Lease(self, s.id, s.uid)
-        self._held[s.id] = lease
-        return lease
+    def most_recent_session(self, *, include_archived: bool = False) -> Session | None:
+        where = "" if include_archived else "WHERE archived = 0"
+        row = self.core.one(f"SELECT {SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC LIMIT 1")
+        return to_session(row) if row else None
 
     # -- listing, fork, delete ------------------------------------------------------------
 
     def list_sessions(self, *, include_archived: bool = False, limit: int | None = None) -> list[SessionSummary]:
         """Sessions, most recently used first, with O(1)-per-session figures."""
         where = "" if include_archived else "WHERE s.archived = 0"
-        rows = self.db.execute(
+        rows = self.core.db.execute(
             f"""SELECT {prefixed(SESSION_COLS, 's')}, h.depth, h.tokens_total,
                    (SELECT byte_size FROM state_snapshots WHERE session_id = s.id ORDER BY id DESC LIMIT 1),
                    (SELECT count(*) FROM state_snapshots WHERE session_id = s.id)
@@ -137,7 +49,7 @@ class ExtrasMixin(_Base):
                                state_bytes=r[15] or 0, snapshots=r[16]) for r in rows]
 
     def summary(self, session: SessionRef) -> SessionSummary:
-        s = self.get_session(session)
+        s = self.core.get_session(session)
         for item in self.list_sessions(include_archived=True):
             if item.session.id == s.id:
                 return item
@@ -149,13 +61,13 @@ class ExtrasMixin(_Base):
         Turn rows on the path are copied (O(branch)); only the newest state on the path is
         copied, and inside SQLite (`INSERT ... SELECT`), so the bytes never pass through Python.
         """
-        s = self.get_session(session)
-        path = self.branch(s.id, turn_id)
+        s = self.core.get_session(session)
+        path = self.tree.branch(s.id, turn_id)
         if path[-1].session_id != s.id:
             raise TurnNotFound(path[-1].id, s.uid)
         now = utcnow()
-        with self.transaction():
-            new_id = self.db.execute(
+        with self.core.transaction():
+            new_id = self.core.db.execute(
                 "INSERT INTO sessions (uid, name, model_id, system_prompt, options, keep_snapshots,"
                 " forked_from_session_id, forked_from_turn_id, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -164,7 +76,7 @@ class ExtrasMixin(_Base):
             ).lastrowid
             mapping: dict[int, int] = {}
             for t in path:
-                mapping[t.id] = self.db.execute(
+                mapping[t.id] = self.core.db.execute(
                     "INSERT INTO turns (session_id, parent_id, depth, role, content, status, token_ids,"
                     " n_tokens, tokens_total, stream_hash, stats, error, created_at, updated_at)"
                     " SELECT ?, ?, depth, role, content,"
@@ -173,19 +85,19 @@ class ExtrasMixin(_Base):
                     " FROM turns WHERE id = ?",
                     [new_id, mapping.get(t.parent_id), t.id],
                 ).lastrowid
-            snap = self.latest_snapshot(s.id, path[-1].id)
+            snap = self.snapshots.latest(s.id, path[-1].id)
             if snap is not None:
-                copy = self.db.execute(
+                copy = self.core.db.execute(
                     "INSERT INTO state_snapshots (uid, session_id, turn_id, n_tokens, stream_hash,"
                     " model_fingerprint, format, dtype, byte_size, sha256, extra, created_at)"
                     " SELECT ?, ?, ?, n_tokens, stream_hash, model_fingerprint, format, dtype, byte_size,"
                     " sha256, extra, ? FROM state_snapshots WHERE id = ?",
                     [uuid.uuid4().hex, new_id, mapping[snap.turn_id], now, snap.id],
                 ).lastrowid
-                self.db.execute("INSERT INTO snapshot_data (snapshot_id, data)"
+                self.core.db.execute("INSERT INTO snapshot_data (snapshot_id, data)"
                                 " SELECT ?, data FROM snapshot_data WHERE snapshot_id = ?", [copy, snap.id])
-            self.db.execute("UPDATE sessions SET head_turn_id = ? WHERE id = ?", [mapping[path[-1].id], new_id])
-        return self.get_session(new_id)
+            self.core.db.execute("UPDATE sessions SET head_turn_id = ? WHERE id = ?", [mapping[path[-1].id], new_id])
+        return self.core.get_session(new_id)
 
     def delete_session(self, session: SessionRef) -> None:
         """Delete a session, its turns and snapshots, and scrub the text from the files.
@@ -193,19 +105,19 @@ class ExtrasMixin(_Base):
         secure_delete zeroes the freed pages; the FTS index is merged so no deleted term
         stays in it; a TRUNCATE checkpoint empties the WAL that still holds old pages.
         """
-        s = self.get_session(session)
+        s = self.core.get_session(session)
         # Full secure_delete only here: FAST (the default we run with) leaves freed overflow
         # pages, i.e. long texts and state BLOBs, unzeroed, which is fine for retention but
         # not for a user's explicit delete.
-        self.db.execute("PRAGMA secure_delete = ON")
+        self.core.db.execute("PRAGMA secure_delete = ON")
         try:
-            with self.transaction():
-                self._guard_lease(s.id)
-                self.db.execute("DELETE FROM sessions WHERE id = ?", [s.id])
-                self.db.execute("INSERT INTO turns_fts(turns_fts) VALUES ('optimize')")
+            with self.core.transaction():
+                self.leases.guard(s.id)
+                self.core.db.execute("DELETE FROM sessions WHERE id = ?", [s.id])
+                self.core.db.execute("INSERT INTO turns_fts(turns_fts) VALUES ('optimize')")
         finally:
-            self.db.execute("PRAGMA secure_delete = FAST")
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self.core.db.execute("PRAGMA secure_delete = FAST")
+        self.core.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     # -- search -------------------------------------------------------------------------
 
@@ -215,7 +127,7 @@ class ExtrasMixin(_Base):
         if not terms:
             return []
         archived = "" if include_archived else "AND s.archived = 0"
-        rows = self.db.execute(
+        rows = self.core.db.execute(
             f"""SELECT s.uid, s.name, t.id, t.role,
                        snippet(turns_fts, 0, '«', '»', '…', 12), t.created_at
                 FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid JOIN sessions s ON s.id = t.session_id
@@ -233,12 +145,12 @@ class ExtrasMixin(_Base):
         turns whose stats say kind "recall") and streaming turns are left out.
 
         Cost: the index lookup, then a walk up the branch only as far as the oldest hit."""
-        s = self.get_session(session)
+        s = self.core.get_session(session)
         terms = " OR ".join('"' + w.replace('"', '""') + '"' for w in words if w.strip())
         if not terms:
             return []
-        head = self._turn_row(turn_id if turn_id is not None else s.head_turn_id)
-        rows = self.db.execute(
+        head = self.tree.get_turn(turn_id if turn_id is not None else s.head_turn_id)
+        rows = self.core.db.execute(
             f"""SELECT {prefixed(TURN_COLS, 't')} FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid
                 WHERE turns_fts MATCH ? AND t.session_id = ? AND t.status != 'streaming'
                   AND t.depth <= ? AND t.tokens_total <= ?
@@ -250,7 +162,7 @@ class ExtrasMixin(_Base):
         if not hits:
             return []
         low = min(h.depth for h in hits)
-        on_branch = {r[0] for r in self.db.execute(
+        on_branch = {r[0] for r in self.core.db.execute(
             """WITH RECURSIVE up(id, depth) AS (
                    SELECT id, depth FROM turns WHERE id = ?
                    UNION ALL
@@ -263,17 +175,17 @@ class ExtrasMixin(_Base):
 
     def _add_run(self, table: str, model_id: str, kind: str, payload: dict[str, Any],
                  session: SessionRef | None) -> RunRecord:
-        sid = self.get_session(session).id if session is not None else None
-        with self.transaction():
-            rid = self.db.execute(
+        sid = self.core.get_session(session).id if session is not None else None
+        with self.core.transaction():
+            rid = self.core.db.execute(
                 f"INSERT INTO {table} (uid, created_at, model_id, kind, payload, session_id)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 [uuid.uuid4().hex, utcnow(), model_id, kind, json.dumps(payload), sid]).lastrowid
-        return to_run(self._one(f"SELECT {RUN_COLS} FROM {table} WHERE id = ?", [rid]))
+        return to_run(self.core.one(f"SELECT {RUN_COLS} FROM {table} WHERE id = ?", [rid]))
 
     def _list_runs(self, table: str, session: SessionRef | None, limit: int) -> list[RunRecord]:
-        where, params = ("WHERE session_id = ?", [self.get_session(session).id]) if session is not None else ("", [])
-        rows = self.db.execute(f"SELECT {RUN_COLS} FROM {table} {where} ORDER BY id DESC LIMIT ?",
+        where, params = ("WHERE session_id = ?", [self.core.get_session(session).id]) if session is not None else ("", [])
+        rows = self.core.db.execute(f"SELECT {RUN_COLS} FROM {table} {where} ORDER BY id DESC LIMIT ?",
                                [*params, limit]).fetchall()
         return [to_run(r) for r in rows]
 
@@ -295,9 +207,9 @@ class ExtrasMixin(_Base):
 
     def export_json(self, session: SessionRef, turn_id: int | None = None) -> dict[str, Any]:
         """The branch as `{"session": {...}, "messages": [{"role", "content", ...}]}`."""
-        s = self.get_session(session)
-        return _export.to_json(s, self.branch(s.id, turn_id))
+        s = self.core.get_session(session)
+        return _export.to_json(s, self.tree.branch(s.id, turn_id))
 
     def export_markdown(self, session: SessionRef, turn_id: int | None = None) -> str:
-        s = self.get_session(session)
-        return _export.to_markdown(s, self.branch(s.id, turn_id))
+        s = self.core.get_session(session)
+        return _export.to_markdown(s, self.tree.branch(s.id, turn_id))
