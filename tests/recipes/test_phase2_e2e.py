@@ -17,7 +17,7 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
     start = tmp_path / "phase1"
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "2",
+    cmd = [sys.executable, "-m", "recipes.default_model.build_default", "--from-model", str(start), "--phase2-steps", "2",
            "--phase2-polish-steps", "2", "--phase3-steps", "2", "--phase4-lookup-steps", "1", "--phase4-mix-steps", "1", "--phase4-steps", "2", "--phase5-steps", "0",
            "--phase5-long-steps", "0", "--eval-trials", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
@@ -41,10 +41,10 @@ def test_phase2_from_a_model_directory_writes_a_loadable_model_with_its_card(tmp
 
     # Phase 3 alone on that output (its card folded as `card.py` does): the history goes on
     # from the given model's own stages.
-    subprocess.run([sys.executable, "-m", "agent.recipes.card", "--model", str(out), "--work", str(tmp_path / "work")],
+    subprocess.run([sys.executable, "-m", "recipes.default_model.card", "--model", str(out), "--work", str(tmp_path / "work")],
                    check=True, capture_output=True, timeout=300)
     again = tmp_path / "again"
-    cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(out), "--phase2-steps", "0",
+    cmd = [sys.executable, "-m", "recipes.default_model.build_default", "--from-model", str(out), "--phase2-steps", "0",
            "--phase3-steps", "3", "--phase4-steps", "0", "--phase5-steps", "0", "--phase5-long-steps", "0", "--eval-trials", "1",
            "--work", str(tmp_path / "work2"), "--out", str(again)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
@@ -58,7 +58,7 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     start = tmp_path / "start"
     save_model_dir(load_model("tiny"), start)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "agent.recipes.build_default", "--from-model", str(start), "--phase2-steps", "0",
+    cmd = [sys.executable, "-m", "recipes.default_model.build_default", "--from-model", str(start), "--phase2-steps", "0",
            "--phase3-steps", "0", "--phase5-bind-steps", "1", "--phase5-decide-steps", "1", "--phase5-decide-keys", "real", "--phase5-steps", "2",
            "--phase5-long-steps", "1", "--phase5-far-steps", "1", "--phase5-wide-steps", "1", "--eval-trials", "1",
            "--work", str(tmp_path / "work"), "--out", str(out)]
@@ -98,7 +98,7 @@ def test_phase5_from_a_model_directory_adds_its_blocks_and_checks(tmp_path: Path
     (["--phase2-minutes", "0"], "--phase2-minutes must be positive"),
 ])
 def test_bad_recipe_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    from agent.recipes import build_default
+    from recipes.default_model import build_default
 
     monkeypatch.setattr(sys, "argv", ["build_default", "--work", str(tmp_path / "work"), *args])
     with pytest.raises(SystemExit) as exc:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.recipes import data as rdata
-from agent.recipes import lookup
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase4 import write_block
-from agent.recipes.vocab import TRAIN
+from recipes.default_model import data as rdata
+from recipes.default_model import lookup
+from recipes.default_model.corpus import Passage
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.phase4 import write_block
+from recipes.default_model.vocab import TRAIN
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.tokenizer import byte_level_tokenizer
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from agent.probes import text as probe_text
-from agent.recipes import data as rdata
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import Fact
-from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase5 import BLOCKS, DRILL, GAPS_DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
-from agent.recipes.vocab import COMPOSED, HELDOUT, TRAIN, composed
-from agent.recipes.weighted import FocusTrainer
+from recipes.default_model import data as rdata
+from recipes.default_model.corpus import Passage
+from recipes.default_model.dialogues import Fact
+from recipes.default_model.phase3 import phase3_world
+from recipes.default_model.phase5 import BLOCKS, DRILL, GAPS_DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
+from recipes.default_model.vocab import COMPOSED, HELDOUT, TRAIN, composed
+from recipes.default_model.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.tokenizer import byte_level_tokenizer
 from agent.train.data import encode_chat, pack

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.recipes.widen import widen_heads
+from recipes.default_model.widen import widen_heads
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.config import get_preset
 from agent.runtime.model import build_model

@@ -67,19 +67,19 @@ from typing import Any, NamedTuple
 import torch
 
 from agent.probes import text as probe_text
-from agent.recipes import data as rdata
-from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import DialogueSpec, Fact
-from agent.recipes.phase2 import phase2_world
-from agent.recipes.phase3 import SPEC as PHASE3_SPEC
-from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase4 import _prose, start_block
-from agent.recipes.recall_eval import EVAL_SEED, evaluate
-from agent.recipes.recall_eval import _code as held_out_code
-from agent.recipes.vocab import HELDOUT, World, composed
-from agent.recipes.weighted import FocusTrainer
-from agent.recipes.widen import widen_heads
+from recipes.default_model import data as rdata
+from recipes.default_model.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
+from recipes.default_model.corpus import Passage
+from recipes.default_model.dialogues import DialogueSpec, Fact
+from recipes.default_model.phase2 import phase2_world
+from recipes.default_model.phase3 import SPEC as PHASE3_SPEC
+from recipes.default_model.phase3 import phase3_world
+from recipes.default_model.phase4 import _prose, start_block
+from recipes.default_model.recall_eval import EVAL_SEED, evaluate
+from recipes.default_model.recall_eval import _code as held_out_code
+from recipes.default_model.vocab import HELDOUT, World, composed
+from recipes.default_model.weighted import FocusTrainer
+from recipes.default_model.widen import widen_heads
 from agent.runtime.checkpoint import load_model_dir, save_model_dir
 from agent.runtime.tokenizer import Tokenizer
 from agent.train.config import TrainConfig

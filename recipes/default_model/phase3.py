@@ -32,10 +32,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from agent.recipes.corpus import Passage, wide_text
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase2 import COMMON, fresh_block, phase2_world
-from agent.recipes.vocab import World, varied
+from recipes.default_model.corpus import Passage, wide_text
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.phase2 import COMMON, fresh_block, phase2_world
+from recipes.default_model.vocab import World, varied
 
 LR = 4e-4
 TEXT_SHARE = 0.3

@@ -1,6 +1,6 @@
 """Fold the evaluation results into the shipped model's card, in lines `laplace info` shows.
 
-    python -m agent.recipes.card --model agent/models/default --work /tmp/laplace-default-build \
+    python -m recipes.default_model.card --model agent/models/default --work /tmp/laplace-default-build \
         --probe docs/default-model-probe.json
 
 Reads the recipe's eval.json / baseline.json and a `laplace probe run --json` report, and
@@ -51,7 +51,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     if isinstance(card.get("data"), dict):
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
-                        + " + synthetic template dialogues (agent/recipes)"
+                        + " + synthetic template dialogues (recipes/default_model)"
                         + (" + a synthetic plain-text lookup task in phase 4" if card.get("phase4") else "")
                         + (" + key drills with made-up key words in phase 5" if card.get("phase5") else ""))
     stages = detail.get("stages") or []
@@ -162,7 +162,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "models" / "default"))
+    ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "agent" / "models" / "default"))
     ap.add_argument("--work", default="/tmp/laplace-default-build")
     ap.add_argument("--probe", default=None)
     a = ap.parse_args()

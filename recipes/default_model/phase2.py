@@ -34,13 +34,13 @@ from typing import Any, Callable
 import torch
 
 from agent.probes import text as probe_text
-from agent.recipes import data as rdata
-from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
-from agent.recipes.corpus import Passage, read_passages, split_passages
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.recall_eval import evaluate
-from agent.recipes.vocab import HELDOUT, TRAIN, World, widened
-from agent.recipes.weighted import WeightedTrainer
+from recipes.default_model import data as rdata
+from recipes.default_model.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
+from recipes.default_model.corpus import Passage, read_passages, split_passages
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.recall_eval import evaluate
+from recipes.default_model.vocab import HELDOUT, TRAIN, World, widened
+from recipes.default_model.weighted import WeightedTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.train.config import TrainConfig
 

@@ -37,16 +37,16 @@ from typing import Any
 
 import torch
 
-from agent.recipes import data as rdata
-from agent.recipes import lookup
-from agent.recipes.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
-from agent.recipes.corpus import Passage, read_passages, split_passages, wide_text
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase2 import phase2_world
-from agent.recipes.phase3 import SPEC as PHASE3_SPEC
-from agent.recipes.phase3 import phase3_world
-from agent.recipes.recall_eval import evaluate
-from agent.recipes.weighted import WeightedTrainer
+from recipes.default_model import data as rdata
+from recipes.default_model import lookup
+from recipes.default_model.build_default import ANSWER_WEIGHT, BATCH_TOKENS, log, log_progress
+from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.phase2 import phase2_world
+from recipes.default_model.phase3 import SPEC as PHASE3_SPEC
+from recipes.default_model.phase3 import phase3_world
+from recipes.default_model.recall_eval import evaluate
+from recipes.default_model.weighted import WeightedTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.train.config import TrainConfig
 

@@ -22,7 +22,7 @@ import random
 
 import torch
 
-from agent.recipes.vocab import TRAIN
+from recipes.default_model.vocab import TRAIN
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.tokenizer import Tokenizer
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agent.recipes.build_default import BATCH_TOKENS, DEFAULT_CONFIG, LR, STAGES, held_out_perplexity, log
-from agent.recipes.corpus import read_passages, split_passages
+from recipes.default_model.build_default import BATCH_TOKENS, DEFAULT_CONFIG, LR, STAGES, held_out_perplexity, log
+from recipes.default_model.corpus import read_passages, split_passages
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.softmax import SoftmaxModel
 from agent.train.data import IGNORE_INDEX, load_documents, pack, pad_token

@@ -18,9 +18,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import Builder, DialogueSpec, Message
-from agent.recipes.vocab import HELDOUT, TRAIN, World
+from recipes.default_model.corpus import Passage
+from recipes.default_model.dialogues import Builder, DialogueSpec, Message
+from recipes.default_model.vocab import HELDOUT, TRAIN, World
 from agent.runtime.tokenizer import SPECIAL_TOKENS, ChatTemplate, Tokenizer
 
 

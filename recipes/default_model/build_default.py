@@ -1,6 +1,6 @@
 """The recipe of the bundled default model: one seeded command that rebuilds it from scratch.
 
-    nice -n 5 .venv/bin/python -m agent.recipes.build_default --seed 0
+    nice -n 5 .venv/bin/python -m recipes.default_model.build_default --seed 0
 
 Steps (each writes under --work, default /tmp/laplace-default-build):
 1. English text: the standard library's docstrings (corpus.py), split train / held out.
@@ -54,16 +54,16 @@ from typing import Any
 
 import torch
 
-from agent.recipes import data as rdata
-from agent.recipes.corpus import Passage, read_passages, split_passages
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.recall_eval import end_of_turn, evaluate
+from recipes.default_model import data as rdata
+from recipes.default_model.corpus import Passage, read_passages, split_passages
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.recall_eval import end_of_turn, evaluate
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.model import build_model
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer
 from agent.train.config import TrainConfig
-from agent.recipes.weighted import WeightedTrainer
+from recipes.default_model.weighted import WeightedTrainer
 
 VOCAB = 3072
 DEFAULT_CONFIG = LaplaceConfig(
@@ -269,7 +269,7 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
     tps = [h["tokens_per_s"] for h in hist if h.get("tokens_per_s")]
     card = {
         "name": "default", "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
-        "recipe": f"python -m agent.recipes.build_default --seed {args.seed}", "seed": args.seed,
+        "recipe": f"python -m recipes.default_model.build_default --seed {args.seed}", "seed": args.seed,
         "training_tokens": trained["tokens"], "training_steps": trained["steps"], "batch_tokens": BATCH_TOKENS,
         "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": "cpu (2 cores, fp32)",
         "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
@@ -281,8 +281,8 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
             "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter"
                        + ("; phase 3 adds its pydoc topics (PSF-2.0) and the docstrings of the installed torch (BSD-3-Clause)"
                           if trained.get("phase3") else ""),
-            "dialogues": "synthetic, generated from templates in agent/recipes (facts, questions, updates, never-stated controls, documents)"
-                         + ("; phase 4 adds key drills and a plain-text lookup task (agent/recipes/lookup.py)" if trained.get("phase4") else ""),
+            "dialogues": "synthetic, generated from templates in recipes/default_model (facts, questions, updates, never-stated controls, documents)"
+                         + ("; phase 4 adds key drills and a plain-text lookup task (recipes/default_model/lookup.py)" if trained.get("phase4") else ""),
         },
         "tokenizer": f"byte-level BPE, {lm.tokenizer.vocab_size} tokens, digits split, trained with tokenizers on the training data",
         "eval": {"heldout_recall": recall, "end_of_turn": {k: v for k, v in eot.items() if k != "samples"},
@@ -297,7 +297,7 @@ def finish(args: argparse.Namespace, trained: dict[str, Any], model_dir: Path) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "models" / "default"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "agent" / "models" / "default"))
     ap.add_argument("--work", default="/tmp/laplace-default-build")
     # One thread: on a shared 2-core machine two OpenMP threads stall each other (measured
     # 112 tok/s with 2 threads vs ~1,000 with 1 while other jobs ran).
@@ -375,7 +375,7 @@ def main() -> None:
         start = Path(args.work) / "run"
     model_dir = start
     if args.phase2_steps:
-        from agent.recipes.phase2 import extend, polish as polish2  # phase2 builds on this module's constants
+        from recipes.default_model.phase2 import extend, polish as polish2  # phase2 builds on this module's constants
 
         p2 = extend(args, start)
         steps = p2["steps"]
@@ -389,14 +389,14 @@ def main() -> None:
                    "phase2": {"steps": p2["steps"], "polish_steps": args.phase2_polish_steps,
                               "best_validation_step": p2["best_step"], "best_validation_score": p2["best_score"]}}
     if args.phase3_steps:
-        from agent.recipes.phase3 import calibrate
+        from recipes.default_model.phase3 import calibrate
 
         entry = calibrate(args, model_dir)
         model_dir = Path(args.work) / "phase3"
         trained = {**trained, "history": trained["history"] + [entry], "steps": trained["steps"] + args.phase3_steps,
                    "tokens": trained["tokens"] + args.phase3_steps * BATCH_TOKENS, "phase3": {"steps": args.phase3_steps}}
     if args.phase4_steps:
-        from agent.recipes.phase4 import match_keys
+        from recipes.default_model.phase4 import match_keys
 
         entries = match_keys(args, model_dir)
         model_dir = Path(args.work) / "phase4_bridge"
@@ -406,7 +406,7 @@ def main() -> None:
                    "phase4": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
     if any((args.phase5_steps, args.phase5_long_steps, args.phase5_details_steps, args.phase5_gaps_steps, args.phase5_far_steps,
             args.phase5_wide_steps)):
-        from agent.recipes.phase5 import copy_keys
+        from recipes.default_model.phase5 import copy_keys
 
         entries, model_dir = copy_keys(args, model_dir)
         n = sum(e["steps"][1] for e in entries)
@@ -415,7 +415,7 @@ def main() -> None:
                    "phase5": {"steps": n, **{e["block"]: e["steps"][1] for e in entries}}}
     finish(args, trained, model_dir)
     if args.baseline:
-        from agent.recipes.baseline import run_baseline
+        from recipes.default_model.baseline import run_baseline
 
         run_baseline(Path(args.work), seed=args.seed, threads=args.threads)
 
