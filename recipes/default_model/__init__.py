@@ -1,7 +1,8 @@
-"""Recipes that build shipped artefacts from scratch (the bundled default model).
+"""The recipe of the bundled default model (agent/models/default), outside the installed package.
 
-`python -m recipes.default_model.build_default --seed 0` rebuilds `agent/models/default/`: data
-(`corpus` + `vocab` + `dialogues`), tokenizer (`data.train_tokenizer`), phase 1 (staged
-training with the project's own Trainer, Muon + AdamW), phase 2 (`phase2`: long-range
-recall), evaluation (`recall_eval`) and the model card (`card`).
+`plan.py` lists every training stage that shipped; `python -m recipes.default_model.build
+--seed 0 --out DIR` runs it from scratch: data (`corpus` + `vocab` + `dialogues` +
+`worlds` + `keys`, written by `data`), tokenizer (`data.train_tokenizer`), one training
+call per stage (`train`, `weighted`), checks and evaluation (`recall_eval`) and the model
+card (`card`). What was tried and not shipped: docs/recipe-experiments.md.
 """
