@@ -158,6 +158,7 @@ def test_bad_build_arguments_fail_in_one_line_before_any_work(args, message, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 72 stages, each a trainer start, its data and its check: ~12 minutes on 2 shared cores
 def test_a_smoke_build_of_the_whole_plan_writes_a_loadable_model_with_its_card(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "recipes.default_model.build", "--tiny", "--steps-scale", "0.001", "--eval-trials", "1",
