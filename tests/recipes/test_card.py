@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.recipes.card import update_card
+from recipes.default_model.card import update_card
 
 
 def _eval(work: Path) -> None:
@@ -69,31 +69,6 @@ def test_phase3_adds_its_line_its_speed_and_its_prose_sources(tmp_path: Path) ->
     assert "pydoc topics" in out["data"] and "torch" in out["data"]
 
 
-def test_phase4_adds_its_blocks_their_last_checks_and_the_lookup_task(tmp_path: Path) -> None:
-    given = {"curriculum": "256x250", "go_no_go": "step 250: 0.00", "tokens_per_s": 2129}
-    check = {"step": 0, "lookup_first_digit": 0.0, "two_codes_right": 0.0, "two_codes_swapped": 0.0}
-    stages: list[dict] = [{"phase": 1, "from_model": "/x", "card": given, "log": None},
-                          {"phase": 3, "block": "ghosts+prose", "data": {"length": 512, "text_chars": 10}, "steps": [0, 10], "lr": 4e-4,
-                           "tokens_per_s": 3900},
-                          {"phase": 4, "block": "lookup", "steps": [0, 900], "lr": 1e-3, "tokens_per_s": 4200,
-                           "checks": [check, {**check, "step": 900, "lookup_first_digit": 0.29, "two_codes_right": 0.4}]},
-                          {"phase": 4, "block": "mix", "steps": [0, 500], "planned_steps": 1500, "lr": 1e-3, "tokens_per_s": 4000,
-                           "checks": [{**check, "step": 500, "lookup_first_digit": 0.4, "two_codes_right": 0.45}]},
-                          {"phase": 4, "block": "bridge", "steps": [0, 1000], "planned_steps": 1000, "lr": 1e-3, "tokens_per_s": 4100,
-                           "checks": [{**check, "step": 1000, "lookup_first_digit": 0.61, "two_codes_right": 0.75}]}]
-    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase3": {"steps": 10},
-            "phase4": {"steps": 2400, "lookup": 900, "mix": 500, "bridge": 1000}, "tokens_per_s": 4000}
-    out = _fold(tmp_path, card)
-    assert out["curriculum_phase4"] == (
-        "900 steps of key drills and the lookup task, rows of 256, lr 0.001 (WSD): lookup first digit 0.29, two codes right 0.40; "
-        "500 of 1500 steps of phase-3 rows, key drills and the lookup task, rows of 512, lr 0.001 (WSD): lookup first digit 0.40, "
-        "two codes right 0.45; "
-        "1000 steps of phase-3 rows, key drills and lookup records closer to chat, rows of 512, lr 0.001 (WSD): "
-        "lookup first digit 0.61, two codes right 0.75")
-    assert out["tokens_per_s"] == "phase 1: 2129, phase 3: 3900, phase 4: 4100"
-    assert out["data"].endswith("a synthetic plain-text lookup task in phase 4")
-
-
 def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_facts(tmp_path: Path) -> None:
     given = {"curriculum": "256x250", "go_no_go": "step 250: 0.00", "tokens_per_s": 2129}
     forced = {"step": 450, "bind_right": 0.7, "bind_other": 0.25, "bind_right_wins": 0.75, "refusal_auc": 0.5}
@@ -124,15 +99,3 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
     assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4220"
     assert out["data"].endswith("key drills with made-up key words in phase 5")
     assert out["heldout_refused_stated"] == "0:0.00 256:0.12 512:0.25"
-
-
-def test_phase5_wide_block_names_the_heads_it_widened_to(tmp_path: Path) -> None:
-    check = {"step": 1200, "bind_right": 0.75, "bind_other": 0.2, "bind_right_wins": 0.8, "refusal_auc": 0.8, "not_told": 0.85,
-             "refused_stated": 0.05}
-    stages = [{"phase": 1, "from_model": "/x", "card": {"curriculum": "256x250", "go_no_go": ""}, "log": None},
-              {"phase": 5, "block": "wide", "steps": [0, 1200], "rows": 1024, "lr": 1e-3, "tokens_per_s": 1700, "checks": [check]}]
-    card = {"name": "default", "stages": stages, "eval": {}, "data": {"english": "..."}, "phase5": {"steps": 1200, "wide": 1200}}
-    out = _fold(tmp_path, card, {"head_k_dim": 64, "head_v_dim": 64})
-    assert out["curriculum_phase5"] == (
-        "1200 steps of the long block's data drawn afresh, on heads widened to 64 x 64, rows of 1024, lr 0.001 (WSD): "
-        "binding 0.75/0.20, refusal AUC 0.80, at 0 tokens not told 0.85 and stated refused 0.05")

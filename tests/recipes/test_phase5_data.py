@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from agent.probes import text as probe_text
-from agent.recipes import data as rdata
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import Fact
-from agent.recipes.phase3 import phase3_world
-from agent.recipes.phase5 import BLOCKS, DRILL, GAPS_DRILL, LONG_DRILL, drill_world, forced_check, fragment_words, write_block
-from agent.recipes.vocab import COMPOSED, HELDOUT, TRAIN, composed
-from agent.recipes.weighted import FocusTrainer
+from recipes.default_model import data as rdata
+from recipes.default_model.corpus import Passage
+from recipes.default_model.dialogues import Fact
+from recipes.default_model.keys import forced_check, write_block
+from recipes.default_model.plan import KEY_DRILL, LONG_DRILL, PLAN, KeyDrills
+from recipes.default_model.worlds import drill_world, fragment_words, phase3_world
+from recipes.default_model.vocab import COMPOSED, HELDOUT, TRAIN, composed
+from recipes.default_model.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.tokenizer import byte_level_tokenizer
 from agent.train.data import encode_chat, pack
@@ -47,7 +48,7 @@ def test_drills_answer_the_latest_value_and_refuse_never_stated_keys_at_the_key(
     b = rdata.make_builder(world, PASSAGES, lm.tokenizer, lm.template)
     answers = refusals = updated = 0
     for seed in range(6):
-        msgs = b.key_drill(random.Random(seed), dataclasses.replace(DRILL, length=512))
+        msgs = b.key_drill(random.Random(seed), dataclasses.replace(KEY_DRILL, length=512))
         said: list[str] = []  # user messages that give values
         for m in msgs[1:]:
             if m["role"] == "user":
@@ -96,41 +97,6 @@ def test_slot_drills_answer_the_users_own_details_by_key_and_refuse_the_unsaid_o
     assert answers > 15 and refusals > 5 and updated > 0 and codes > 15  # codes are still drilled beside them
 
 
-def test_gap_drills_ask_their_questions_after_unrelated_chat() -> None:
-    lm = load_model_dir(DEFAULT)
-    b = rdata.make_builder(drill_world(PASSAGES, lm.tokenizer, random.Random(0)), PASSAGES, lm.tokenizer, lm.template)
-
-    def distances(spec: object) -> list[int]:
-        """Tokens between each code's last statement and its answer."""
-        out = []
-        for seed in range(8):
-            msgs = b.key_drill(random.Random(seed), spec)  # type: ignore[arg-type]
-            for i, m in enumerate(msgs):
-                hit = ANSWER.match(m["content"]) if m["role"] == "assistant" else None
-                if not hit or not re.fullmatch(r"\d{5}", hit.group(3)):
-                    continue
-                said = [j for j in range(i - 1) if msgs[j]["role"] == "user" and hit.group(3) in msgs[j]["content"]
-                        and hit.group(2) in msgs[j]["content"]]
-                out.append(sum(b.count(x) for x in msgs[said[-1] + 2:i - 1]))
-        return out
-
-    gaps, none = distances(GAPS_DRILL), distances(LONG_DRILL)
-    assert len(gaps) > 5 and min(gaps) >= 64 and max(gaps) > 200
-    assert min(none) < 64  # without the gap, some codes are asked right after they are given
-
-
-def test_far_drills_add_details_of_made_up_words() -> None:
-    tok = load_model_dir(DEFAULT).tokenizer
-    plain, more = drill_world(PASSAGES, tok, random.Random(3)), drill_world(PASSAGES, tok, random.Random(3), slots=True)
-    assert more.slots[:len(plain.slots)] == plain.slots and len(more.slots) == 2 * len(plain.slots)
-    assert more.thing_adj == plain.thing_adj  # the same draws first: only details are added
-    made = more.slots[len(plain.slots):]
-    assert {k for _, k in made} == {"num3", "num5", "person", "fruit", "place", "date", "num4"}
-    assert all(re.fullmatch(r"[a-z]{2,14}( number|'s name| day| code)|favorite [a-z]{2,14}", s) for s, _ in made)
-    assert not {s for s, _ in HELDOUT.slots} & {s for s, _ in made}
-    assert made == drill_world(PASSAGES, tok, random.Random(3), slots=True).slots[len(plain.slots):]  # seeded
-
-
 def test_fragment_words_are_new_words_made_of_the_tokenizers_pieces() -> None:
     tok = load_model_dir(DEFAULT).tokenizer
     words = fragment_words(tok, random.Random(5), 500)
@@ -155,13 +121,16 @@ def test_composed_phrasings_add_to_the_world_and_none_is_held_out() -> None:
     assert any(" to {value}" in t for t in COMPOSED["code_statements"])  # the shape a held-out statement has
 
 
-@pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4)), ("long", (0.4, 0.4)),
-                                                ("far", (0.5, 0.35)), ("gaps", (0.4, 0.4)),
-                                                ("details", (0.4, 0.4)), ("wide", (0.4, 0.4))])
+BLOCKS = {s.name.split(".")[1]: s.data for s in PLAN if s.phase == 5}
+
+
+@pytest.mark.parametrize(("name", "shares"), [("bind", (0.0, 1.0)), ("decide", (0.0, 1.0)), ("mix", (0.4, 0.4)), ("long", (0.4, 0.4))])
 def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tuple[float, float], tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
-    info = write_block(tmp_path, name, seed=1, steps=4, lm=lm, train=PASSAGES)
-    total, rows = 4 * 4096, BLOCKS[name].rows
+    block = BLOCKS[name]
+    assert isinstance(block, KeyDrills)
+    info = write_block(tmp_path, block, seed=1, steps=4, lm=lm, train=PASSAGES)
+    total, rows = 4 * 4096, block.drill.length
     assert info["key_drill_tokens"] % rows == 0 and 0.9 * shares[1] < info["key_drill_tokens"] / total < 1.3 * shares[1]
     assert ("phase3_tokens" in info) == bool(shares[0]) and (tmp_path / "b_text.jsonl").exists() == bool(shares[0])
     drills = [json.loads(x)["messages"] for x in (tmp_path / "a_keys.jsonl").read_text().splitlines()]
@@ -171,14 +140,14 @@ def test_blocks_hold_rows_drills_and_prose_in_their_shares(name: str, shares: tu
     else:
         assert refusals and all(r.endswith(" is something you haven't told me.") for r in refusals)
     slots = [m for d in drills for m in d if m["role"] == "assistant" and m["content"].startswith("Your ")]
-    assert bool(slots) == (name in ("long", "far", "gaps", "details", "wide"))  # only the last blocks drill the user's own details
+    assert bool(slots) == (name == "long")  # only the last block drills the user's own details
 
 
 def test_decide_block_key_words_real_or_made_up(tmp_path: Path) -> None:
     lm = load_model_dir(DEFAULT)
 
     def things(keys: str) -> set[str]:
-        write_block(tmp_path / keys, "decide", seed=1, steps=2, lm=lm, train=PASSAGES, keys=keys)
+        write_block(tmp_path / keys, dataclasses.replace(BLOCKS["decide"], keys=keys), seed=1, steps=2, lm=lm, train=PASSAGES)
         rows = [json.loads(x)["messages"] for x in (tmp_path / keys / "a_keys.jsonl").read_text().splitlines()]
         return {hit.group(2) for d in rows for m in d if m["role"] == "assistant" and (hit := ANSWER.match(m["content"]))}
 
@@ -188,7 +157,7 @@ def test_decide_block_key_words_real_or_made_up(tmp_path: Path) -> None:
     assert real and all(set(t.split()) <= words for t in real)
     assert sum(not set(t.split()) <= words for t in made_up) > len(made_up) / 2
     with pytest.raises(ValueError, match="unknown key words 'greek'"):
-        write_block(tmp_path / "x", "decide", seed=1, steps=2, lm=lm, train=PASSAGES, keys="greek")
+        write_block(tmp_path / "x", dataclasses.replace(BLOCKS["decide"], keys="greek"), seed=1, steps=2, lm=lm, train=PASSAGES)
 
 
 def test_forced_check_reads_binding_and_the_refusal_choice() -> None:

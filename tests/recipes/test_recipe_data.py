@@ -9,11 +9,12 @@ import re
 import pytest
 
 from agent.probes import text as probe_text
-from agent.recipes import data as rdata
-from agent.recipes.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
-from agent.recipes.dialogues import DialogueSpec
-from agent.recipes.phase2 import phase2_world, score
-from agent.recipes.vocab import HELDOUT, TRAIN, VARIED, varied
+from recipes.default_model import data as rdata
+from recipes.default_model.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
+from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.build import validation_score as score
+from recipes.default_model.worlds import phase2_world
+from recipes.default_model.vocab import HELDOUT, TRAIN, VARIED, varied
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from agent.train.data import load_documents, pack
 

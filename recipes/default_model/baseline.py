@@ -17,8 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agent.recipes.build_default import BATCH_TOKENS, DEFAULT_CONFIG, LR, STAGES, held_out_perplexity, log
-from agent.recipes.corpus import read_passages, split_passages
+from recipes.default_model.plan import BATCH_TOKENS, MODEL, PLAN
+from recipes.default_model.corpus import read_passages, split_passages
+from recipes.default_model.train import held_out_perplexity, log
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.softmax import SoftmaxModel
 from agent.train.data import IGNORE_INDEX, load_documents, pack, pad_token
@@ -37,16 +38,16 @@ def run_baseline(work: Path, *, seed: int = 0, threads: int = 2) -> dict[str, An
     torch.manual_seed(seed)
     gla = load_model_dir(work / "gate_ckpt")
     tok, template = gla.tokenizer, gla.template
-    length, _, _, steps = STAGES[0]
-    total_steps = sum(s[3] for s in STAGES)
-    docs, _ = load_documents([str(work / "stage0")], tok, template)
+    first = PLAN[0]  # the gate checkpoint's stage: its rows, steps and schedule
+    length, steps, sched = first.rows, first.n_steps, first.schedule
+    docs, _ = load_documents([str(work / "data" / first.name)], tok, template)
     data = pack(docs, length, pad_token(tok))
-    model = SoftmaxModel(DEFAULT_CONFIG).train()
-    opts = build_optimizers(_split(model), muon_lr=LR, adamw_lr=LR)
+    model = SoftmaxModel(MODEL).train()
+    opts = build_optimizers(_split(model), muon_lr=sched.lr, adamw_lr=sched.lr)
     rows_per_step = BATCH_TOKENS // length
     t0 = time.perf_counter()
     for step in range(steps):
-        set_learning_rates(opts, lr_factor(step, total_steps, schedule="wsd", warmup=30, decay_fraction=0.2))
+        set_learning_rates(opts, lr_factor(step, sched.total, schedule="wsd", warmup=sched.warmup, decay_fraction=sched.decay))
         inputs, labels = data.rows(data.row_order(step, rows_per_step, seed))
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -64,7 +65,7 @@ def run_baseline(work: Path, *, seed: int = 0, threads: int = 2) -> dict[str, An
     ppl_soft = held_out_perplexity(lambda x: model(x), tok, template, held_p)
     ppl_gla = held_out_perplexity(lambda x: gla.model(x)[0], tok, template, held_p)
     n_soft = sum(p.numel() for p in model.parameters())
-    result = {"steps": steps, "tokens": steps * BATCH_TOKENS, "softmax_parameters": n_soft, "gla_parameters": DEFAULT_CONFIG.parameters(),
+    result = {"steps": steps, "tokens": steps * BATCH_TOKENS, "softmax_parameters": n_soft, "gla_parameters": MODEL.parameters(),
               "softmax_ppl": ppl_soft, "gla_ppl_same_tokens": ppl_gla, "softmax_tokens_per_s": steps * BATCH_TOKENS / wall}
     (work / "baseline.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     log(f"baseline: {result}")

@@ -6,7 +6,7 @@ Everything is a pure function of the seed and the interpreter's own standard lib
   training dialogues; the chat special tokens come first (ids 0..7).
 - `write_stage`: one JSONL of dialogues, each exactly `length` tokens (one packed row),
   followed by the training docstrings as plain-text records.
-- `write_heldout`: held-out dialogues (other world, other seed) and held-out English text.
+- `prose`: a shuffled share of the wide prose (`corpus.wide_text`) for phase 5's blocks.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from agent.recipes.corpus import Passage
-from agent.recipes.dialogues import Builder, DialogueSpec, Message
-from agent.recipes.vocab import HELDOUT, TRAIN, World
+from recipes.default_model.corpus import Passage, wide_text
+from recipes.default_model.dialogues import Builder, DialogueSpec, Message
+from recipes.default_model.vocab import HELDOUT, TRAIN, World
 from agent.runtime.tokenizer import SPECIAL_TOKENS, ChatTemplate, Tokenizer
 
 
@@ -107,6 +107,13 @@ def take_chars(ordered: list[Passage], want: float) -> tuple[list[Passage], int]
         picked.append(p)
         chars += len(p.text)
     return picked, chars
+
+
+def prose(rng: random.Random, train: list[Passage], chars: float) -> list[Passage]:
+    """About `chars` characters of wide prose (`corpus.wide_text`), shuffled by `rng`."""
+    pool = wide_text(train)
+    rng.shuffle(pool)
+    return take_chars(pool, chars)[0]
 
 
 def write_stage(folder: Path, *, seed: int, stage: int, spec: DialogueSpec, n_dialogues: int, passages: list[Passage],

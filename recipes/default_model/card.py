@@ -1,6 +1,6 @@
 """Fold the evaluation results into the shipped model's card, in lines `laplace info` shows.
 
-    python -m agent.recipes.card --model agent/models/default --work /tmp/laplace-default-build \
+    python -m recipes.default_model.card --model agent/models/default --work /tmp/laplace-default-build \
         --probe docs/default-model-probe.json
 
 Reads the recipe's eval.json / baseline.json and a `laplace probe run --json` report, and
@@ -51,14 +51,12 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     if isinstance(card.get("data"), dict):
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
-                        + " + synthetic template dialogues (agent/recipes)"
-                        + (" + a synthetic plain-text lookup task in phase 4" if card.get("phase4") else "")
+                        + " + synthetic template dialogues (recipes/default_model)"
                         + (" + key drills with made-up key words in phase 5" if card.get("phase5") else ""))
     stages = detail.get("stages") or []
     given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
     phase2 = [h for h in stages if h.get("phase") == 2]
     phase3 = next((h for h in reversed(stages) if h.get("phase") == 3), None)
-    phase4 = [h for h in stages if h.get("phase") == 4]
     phase5 = [h for h in stages if h.get("phase") == 5]
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
@@ -67,11 +65,11 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             card["ppl_vs_softmax"] = given["card"]["ppl_vs_softmax"]
         if given["card"].get("tokens_per_s") and isinstance(card.get("tokens_per_s"), (int, float)):
             later = [(n, [h["tokens_per_s"] for h in hs if h.get("tokens_per_s")])
-                     for n, hs in ((2, phase2), (3, [phase3] if phase3 else []), (4, phase4), (5, phase5))]
+                     for n, hs in ((2, phase2), (3, [phase3] if phase3 else []), (5, phase5))]
             card["tokens_per_s"] = ", ".join([f"phase 1: {given['card']['tokens_per_s']}"]
                                              + [f"phase {n}: {round(sum(v) / len(v))}" for n, v in later if v])
     else:
-        phase1 = [h for h in stages if h.get("phase") != 2]
+        phase1 = [h for h in stages if h.get("phase", 1) == 1]
         card["curriculum"] = " -> ".join(
             f"{h['data']['length']}{'d' if h.get('drill') else ''}x{h['steps'][1] - h['steps'][0]}" for h in phase1 if h["steps"][1] > h["steps"][0]
         ) + "  (row length x steps; d = dense drill)"
@@ -91,31 +89,12 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         card["curriculum_phase3"] = (f"{phase3['steps'][1]} steps of rows of {phase3['data']['length']} with never-stated questions "
                                      f"asked like stated ones, plus {phase3['data']['text_chars'] / 1e6:.2f} M characters of prose, "
                                      f"lr {phase3['lr']:g} (WSD)")
-    if phase4:
-        parts = {h["block"]: h for h in phase4}
-        what = {"lookup": "key drills and the lookup task, rows of 256",
-                "mix": "phase-3 rows, key drills and the lookup task, rows of 512",
-                "bridge": "phase-3 rows, key drills and lookup records closer to chat, rows of 512"}
-        card["curriculum_phase4"] = "; ".join(
-            f"{h['steps'][1]}" + (f" of {h['planned_steps']}" if h.get("planned_steps", h["steps"][1]) != h["steps"][1] else "")
-            + f" steps of {what[name]}, lr {h['lr']:g} (WSD): lookup first digit {h['checks'][-1]['lookup_first_digit']:.2f},"
-              f" two codes right {h['checks'][-1]['two_codes_right']:.2f}"
-            for name, h in parts.items())
     if phase5:
         what = {"bind": "key drills, loss on the values' first digits only",
                 "decide": "key drills with {keys} key words, loss on the decision tokens only",
                 "mix": "phase-3 rows, key drills and prose",
-                "long": "phase-3 rows with twice the updates, key drills of codes and the user's own details, and prose",
-                "details": "phase-3 rows with twice the updates, key drills of codes and the user's own details, also "
-                           "named with made-up words, and prose",
-                "gaps": "phase-3 rows with twice the updates, key drills of codes and the user's own details asked after "
-                        "unrelated chat, and prose",
-                "far": "phase-3 rows with ghosts beside 60% of facts and three times the updates, key drills of codes and "
-                       "details of made-up words, and prose",
-                "wide": "the long block's data drawn afresh, on heads widened to {heads}"}
-        keys = {"fragment": "made-up", "real": "phase 3's"}
-        widened = any(h["block"] == "wide" for h in phase5)  # to the shipped model's heads
-        heads = f"{meta['model']['head_k_dim']} x {meta['model']['head_v_dim']}" if widened else ""
+                "long": "phase-3 rows with twice the updates, key drills of codes and the user's own details, and prose"}
+        keys = {"fragment": "made-up", "real": "phase 3's", "phase2": "phase 2's"}
 
         def last(h: dict[str, Any]) -> str:
             c = h["checks"][-1]
@@ -125,7 +104,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             return line
 
         card["curriculum_phase5"] = "; ".join(
-            f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')], heads=heads)}, "
+            f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')])}, "
             f"rows of {h['rows']}, "
             f"lr {h['lr']:g} (WSD): " + last(h) for h in phase5)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
@@ -162,7 +141,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "models" / "default"))
+    ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "agent" / "models" / "default"))
     ap.add_argument("--work", default="/tmp/laplace-default-build")
     ap.add_argument("--probe", default=None)
     a = ap.parse_args()

@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.recipes.corpus import Passage, sentences
-from agent.recipes.vocab import World
+from recipes.default_model.corpus import Passage, sentences
+from recipes.default_model.vocab import World
 
 Message = dict[str, str]
 Counter = Callable[[Message], int]
@@ -223,10 +223,6 @@ class DialogueSpec:
     # Key drill only: the share of a block's facts (and of its unrelated never-stated
     # questions) that are the user's own details ("my desk number") instead of codes.
     drill_slots: float = 0.0
-    # Key drill only: tokens of unrelated chat between a block's statements and its
-    # questions (drawn evenly from the range; (0, 0): none), so keys are matched at a
-    # distance, where never-stated questions fail.
-    drill_gap: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -449,7 +445,7 @@ class Builder:
         questions, which then get the new value), `spec.drill_slots` (a share of the facts
         and never-stated questions are the user's own details) and `spec.key_local`
         (refusals restate the key). The defaults draw from `rng` exactly as before, so
-        phase 4's data is unchanged."""
+        earlier key drills are unchanged."""
         w = self.world
         sys_msg, _ = self.system(rng)
         msgs = [sys_msg]
@@ -496,12 +492,6 @@ class Builder:
                     f.value = make_value(rng, f.value_kind, w)
                 block += [{"role": "user", "content": f.statement(rng, w, update=True)},
                           {"role": "assistant", "content": rng.choice(w.update_acks)}]
-            if spec.drill_gap[1]:
-                want, got = rng.randint(*spec.drill_gap), 0
-                while got < want:
-                    chat = self.filler(rng, spec)
-                    block += chat
-                    got += sum(self.count(m) for m in chat)
             questions = [(f, False) for f in facts]
             for _ in range(rng.randint(*spec.drill_ghosts)):
                 if spec.drill_slots and rng.random() < spec.drill_slots:
