@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from agent.cli_errors import fail
+from agent.units import human_bytes
 from agent.settings import Settings
 
 app = typer.Typer(
@@ -28,14 +29,6 @@ def _root() -> None:
     """laplace: chat with a model whose memory of the session never grows."""
 
 
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n} B"
 
 
 @app.command()
@@ -60,8 +53,8 @@ def info(
         f"model        {data['name']}  ({data['source']})",
         f"layers       {c['n_layers']} x hidden {c['d_model']}, {c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}",
         f"parameters   {data['parameters'] / 1e9:.3f} B  ({data['parameters']:,}; Muon {data['muon_parameters']:,}, AdamW {data['adamw_parameters']:,})",
-        f"state        {data['state_bytes']:,} bytes per sequence ({_human_bytes(data['state_bytes'])}), at any context length",
-        f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({_human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
+        f"state        {data['state_bytes']:,} bytes per sequence ({human_bytes(data['state_bytes'])}), at any context length",
+        f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
         f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init" if data["half_lives"]
         else "half-lives   set by the input (a Mamba-2 mixer has no schedule); laplace probe measures them",
         f"device       {data['device']}",

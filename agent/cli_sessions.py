@@ -23,6 +23,7 @@ from rich.text import Text
 from agent.cli_store import session_store
 from agent.settings import Settings
 from agent.textsafe import displayable, json_for_terminal
+from agent.units import human_bytes
 from sessions import SessionStore, SessionSummary
 from sessions.export import session_dict
 
@@ -47,14 +48,6 @@ def _text(value: str, style: str = "") -> Text:
 def _console() -> Console:
     # Wide enough that tests and pipes do not wrap table rows mid-id.
     return Console(width=max(Console().width, 120), highlight=False)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
 
 
 def _ago(iso: str) -> str:
@@ -89,7 +82,7 @@ def list_(
     for i in items:
         s = i.session
         table.add_row(s.short_id, _text((s.name or "") + (" [archived]" if s.archived else "")), _text(s.model_id),
-                      str(i.turns), str(i.tokens_folded), _size(i.state_bytes), _ago(s.updated_at))
+                      str(i.turns), str(i.tokens_folded), human_bytes(i.state_bytes), _ago(s.updated_at))
     _console().print(table)
 
 
@@ -121,7 +114,7 @@ def show(
     out = _console()
     out.print(Text.assemble(_text(s.name or "(unnamed)", "bold"), f"  {s.uid}"))
     out.print(Text.assemble("model ", _text(s.model_id), f" · {item.turns} turns · {item.tokens_folded} tokens folded · "
-              f"state {_size(item.state_bytes)} · created {s.created_at} · last used {_ago(s.updated_at)}"
+              f"state {human_bytes(item.state_bytes)} · created {s.created_at} · last used {_ago(s.updated_at)}"
               + (" · archived" if s.archived else "")))
     out.print(f"snapshots: {len(snaps)} kept; retention: {policy}", markup=False)
     if lease:

@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 from agent.chat_types import SearchHit, SessionView
 from agent.textsafe import displayable
 
-from .status import human_bytes
+from agent.units import human_bytes
 
 
 def session_label(s: SessionView, current: bool) -> str:

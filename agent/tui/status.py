@@ -10,16 +10,7 @@ from textual.widgets import Static
 
 from agent.chat_types import StatusView
 from agent.textsafe import displayable
-
-
-def human_bytes(n: int) -> str:
-    """Decimal units, as the product promises them ("29.5 MB")."""
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")  # pragma: no cover
+from agent.units import human_bytes
 
 
 def format_status(view: StatusView | None, *, activity: str = "") -> str:

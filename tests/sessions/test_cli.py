@@ -38,7 +38,7 @@ def two_sessions() -> list[str]:
 def test_list_table_and_json(two_sessions: list[str]) -> None:
     res = run("list")
     assert res.exit_code == 0, res.output
-    assert "alpha" in res.output and two_sessions[0][:8] in res.output and "29.5 KB" in res.output
+    assert "alpha" in res.output and two_sessions[0][:8] in res.output and "29.5 kB" in res.output
     rows = json.loads(run("list", "--json").output)
     assert [r["name"] for r in rows] == ["beta", "alpha"]
     alpha = rows[1]

@@ -12,7 +12,8 @@ from agent.chat_types import StatusView, TurnView
 from agent.tui import known_binding_ids
 from agent.tui.chat.messages import code_blocks, header_text, is_unread
 from agent.tui.keymap import validate_keymap
-from agent.tui.status import format_status, human_bytes
+from agent.tui.status import format_status
+from agent.units import human_bytes
 
 
 def test_status_line_has_every_number() -> None:
