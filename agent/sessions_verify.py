@@ -4,7 +4,7 @@ Two levels. The default needs only the store: recompute the token-stream hash ch
 every stored token id on the current branch, and check each snapshot on it (checksum,
 token count, chain hash). `replay` also needs the model: fold the branch's token ids into
 a fresh state and compare it with the newest stored state, tensor by tensor. Resume runs
-only the hashing part of the first level (`agent/chat_recovery.py`); this is the slow,
+only the hashing part of the first level (`agent/chat/recovery.py`); this is the slow,
 thorough one. Torch is imported only for the replay, so the default stays light.
 
 A failed check raises `VerifyFailed` with one line that names the cause and the way out.

@@ -20,7 +20,7 @@ def test_runtime_imports_neither_ui_nor_sqlite():
     assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sqlite3", "sessions"}}
 
 
-@pytest.mark.parametrize("module", ["sessions", "agent.chat_types", "agent.settings", "agent.refresh", "agent.chat_refresh"])
+@pytest.mark.parametrize("module", ["sessions", "agent.chat.types", "agent.settings", "agent.refresh", "agent.chat.refresh"])
 def test_persistence_and_shared_types_never_import_torch(module):
     mods = imported_after(module)
     assert "torch" not in mods
@@ -36,10 +36,10 @@ def test_cli_import_is_light():
 def test_train_and_probes_import_the_runtime_only(module):
     mods = imported_after(module)
     assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sessions"}}
-    assert "agent.chat" not in mods and "agent.tui" not in mods
+    assert "agent.chat.service" not in mods and "agent.tui" not in mods
 
 
 def test_tui_never_imports_torch_or_the_store():
     mods = imported_after("agent.tui.factory")
     assert not {m for m in mods if m.split(".")[0] in {"torch", "sqlite_utils", "sessions"}}
-    assert not any(m.startswith("agent.runtime") or m == "agent.chat" for m in mods)
+    assert not any(m.startswith("agent.runtime") or m == "agent.chat.service" for m in mods)

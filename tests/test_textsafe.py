@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.textsafe import displayable
 from agent.tui.chat.messages import message_body
-from agent.chat_types import TurnView
+from agent.chat.types import TurnView
 
 
 def test_controls_become_visible_symbols_and_text_survives():

@@ -39,18 +39,18 @@ def registry() -> dict[str, BenchFn]:
         import tempfile
         from pathlib import Path
 
-        from agent.bench_store import run_store_bench
+        from agent.bench.store import run_store_bench
 
         with tempfile.TemporaryDirectory(prefix="laplace-bench-") as tmp:
             return run_store_bench(Path(tmp), quick=quick)
 
     def train(quick: bool) -> dict[str, Any]:
-        from agent.bench_train import run_train_bench
+        from agent.bench.train import run_train_bench
 
         return run_train_bench(quick)
 
     def tui(quick: bool) -> dict[str, Any]:
-        from agent.tui.bench import run_tui_bench
+        from agent.bench.tui import run_tui_bench
 
         return run_tui_bench(quick)
 

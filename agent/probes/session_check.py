@@ -1,7 +1,7 @@
 """Session recall check ("does this session still remember X?"): ask a copy of a saved state.
 
 Plain inputs only (state bytes, the question, the expected answer, where it was last
-mentioned), so this module never touches the database; `agent/cli_probe.py` wires it to
+mentioned), so this module never touches the database; `agent/cli/probe.py` wires it to
 the session store. The cost is one question on the state plus a blank-state control: it
 does not depend on how long the history is. The caller's bytes are never modified (their
 hash is checked before and after), and the state is parsed into fresh tensors.

@@ -3,7 +3,7 @@
 `laplace probe session` and the TUI's /probe both reach it through
 `session_check.check_state`; the chat types and the TUI import the words from here, so
 every place prints the same verdict for the same evidence. Plain Python, no torch: the
-TUI and `agent.chat_types` may import it.
+TUI and `agent.chat.types` may import it.
 
 The evidence is a forced choice: the expected answer ranked among same-shape distractors
 after the question, on the state and on a blank state (the control), plus whether the

@@ -1,5 +1,5 @@
 """Laplace's Textual TUI. Build it with `create_app(service, ...)`; it talks to the chat
-service only through `agent.chat_types.ChatServiceProtocol` and never imports the runtime,
+service only through `agent.chat.types.ChatServiceProtocol` and never imports the runtime,
 torch or the session store."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from textual import work
 from textual.app import SystemCommand
 from textual.binding import Binding
 
-from agent.chat_types import FORGOTTEN, REMEMBERED, WEAK, ChatError, ProbeAnswer
+from agent.chat.types import FORGOTTEN, REMEMBERED, WEAK, ChatError, ProbeAnswer
 
 from .chat.messages import MessageWidget
 from .dialogs import ConfirmScreen, HelpScreen, TextInputScreen

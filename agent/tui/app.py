@@ -21,7 +21,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar
 
-from agent.chat_types import (
+from agent.chat.types import (
     ChatError,
     ChatServiceProtocol,
     ErrorEvent,

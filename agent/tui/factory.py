@@ -1,6 +1,6 @@
 """The app factory: the one way to build the TUI (the CLI, tests and the benchmark use it).
 
-`laplace chat` (agent/cli_chat.py `chat`) checks the keymap file (`load_keymap`), opens the
+`laplace chat` (agent/cli/chat.py `chat`) checks the keymap file (`load_keymap`), opens the
 service and its session (`open_service`, which hands back a `StateUnusableError` instead of
 raising it so the app can offer a rebuild), then calls `create_app(service, keymap=...,
 startup_error=...)` and runs it; the caller owns the service and closes it and its store.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from agent.chat_types import ChatServiceProtocol, StateUnusableError
+from agent.chat.types import ChatServiceProtocol, StateUnusableError
 
 from .actions import known_bindings
 from .app import LaplaceApp

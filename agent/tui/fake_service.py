@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
-from agent.chat_types import (
+from agent.chat.types import (
     FORGOTTEN,
     REMEMBERED,
     ChatError,

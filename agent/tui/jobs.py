@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Literal
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from agent.chat_types import ChatError, ChatEvent, ErrorEvent
+from agent.chat.types import ChatError, ChatEvent, ErrorEvent
 
 JobKind = Literal["send", "regenerate", "attach", "rebuild"]
 StreamFactory = Callable[[threading.Event], Iterator[ChatEvent]]

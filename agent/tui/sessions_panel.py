@@ -17,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from agent.chat_types import SearchHit, SessionView
+from agent.chat.types import SearchHit, SessionView
 from agent.textsafe import displayable
 
 from agent.units import human_bytes

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from agent.chat_types import StatusView
+from agent.chat.types import StatusView
 from agent.textsafe import displayable
 from agent.units import human_bytes
 

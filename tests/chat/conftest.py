@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.chat import ChatService
+from agent.chat.service import ChatService
 from agent.runtime.checkpoint import load_model
 from agent.runtime.generation import EagerRunner
 from agent.runtime.sampling import SamplingOptions

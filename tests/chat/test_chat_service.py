@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from agent.chat_types import ChatError, ProgressEvent, StateUnusableError, StatsEvent, TokenEvent, TurnFinished, TurnStarted
+from agent.chat.types import ChatError, ProgressEvent, StateUnusableError, StatsEvent, TokenEvent, TurnFinished, TurnStarted
 from agent.runtime.checkpoint import load_model
 from agent.runtime.state import RecurrentState
 

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli_chat import join_option_pairs
+from agent.cli.chat import join_option_pairs
 from agent.settings import Settings
 from sessions import SessionStore
 

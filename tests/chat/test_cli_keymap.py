@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli_chat import load_keymap
+from agent.cli.chat import load_keymap
 from agent.settings import Settings
 from agent.tui.factory import known_binding_ids
 from agent.tui.keymap import validate_keymap

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 import torch
 
-from agent.chat_types import StateUnusableError
+from agent.chat.types import StateUnusableError
 from agent.runtime.state import RecurrentState
 
 from .test_chat_service import assert_state_matches_transcript, run

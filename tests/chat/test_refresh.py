@@ -3,7 +3,7 @@ token bound, that `refresh off` adds nothing, and that the state still equals a 
 
 from __future__ import annotations
 
-from agent.chat_types import TurnStarted
+from agent.chat.types import TurnStarted
 from agent.refresh import HEADER
 
 from .test_chat_service import assert_state_matches_transcript, run
@@ -102,7 +102,7 @@ def test_a_recent_update_supersedes_the_faded_statement(make_service):
 def test_the_block_and_the_message_land_together_or_not_at_all(make_service, monkeypatch):
     import pytest
 
-    from agent.chat_types import ChatError
+    from agent.chat.types import ChatError
     from sessions import SessionError
 
     svc = make_service(refresh_horizon=200)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli_chat import join_option_pairs
+from agent.cli.chat import join_option_pairs
 from agent.settings import Settings
 from tests.importers.helpers import llamba_checkpoint, write_tokenizer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli_probe import app
+from agent.cli.probe import app
 from agent.probes.engine import advance
 from sessions import SessionStore, StateMeta
 

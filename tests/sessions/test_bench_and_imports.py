@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import sessions
-from agent.bench_store import STATE_BYTES_3B, run_store_bench
+from agent.bench.store import STATE_BYTES_3B, run_store_bench
 
 
 def test_store_bench_quick(tmp_path: Path) -> None:
@@ -29,5 +29,5 @@ def test_sessions_imports_only_stdlib_and_sqlite_utils() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
-    code = "import sys, sessions, agent.bench_store; sys.exit(int('torch' in sys.modules))"
+    code = "import sys, sessions, agent.bench.store; sys.exit(int('torch' in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent import cli_sessions
+from agent.cli import sessions as cli_sessions
 from agent.settings import Settings
 from sessions import SessionStore
 
@@ -103,5 +103,5 @@ def test_errors_are_one_line_and_exit_1(two_sessions: list[str]) -> None:
 
 
 def test_cli_module_does_not_import_torch() -> None:
-    code = "import sys, agent.cli_sessions, sessions; sys.exit(int(any(m in sys.modules for m in ('torch', 'textual'))))"
+    code = "import sys, agent.cli.sessions, sessions; sys.exit(int(any(m in sys.modules for m in ('torch', 'textual'))))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent import cli_sessions
+from agent.cli import sessions as cli_sessions
 from agent.settings import Settings
 from sessions import SessionStore
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agent.bench_train import run_train_bench, traffic
+from agent.bench.train import run_train_bench, traffic
 
 
 def test_traffic_factors_are_json_and_grow_with_ranks() -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import typer
 
-from agent.cli_finetune import finetune_command
+from agent.cli.finetune import finetune_command
 from agent.runtime.checkpoint import load_model
 from agent.train import checkpoint as ckpt
 from agent.train.checkpoint import ResumeError

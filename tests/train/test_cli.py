@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import typer
 
-from agent.cli_finetune import finetune_command
+from agent.cli.finetune import finetune_command
 from agent.runtime.checkpoint import load_model, save_model_dir
 from agent.settings import Settings
 from agent.train.__main__ import config_to_argv, parse_config

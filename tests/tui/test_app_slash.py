@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar
 
-from agent.chat_types import StateUnusableError
+from agent.chat.types import StateUnusableError
 from agent.tui.app import LaplaceApp
 from agent.tui.dialogs import HelpScreen, RebuildScreen
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 from textual.pilot import Pilot
 
-from agent.chat_types import ChatServiceProtocol
+from agent.chat.types import ChatServiceProtocol
 from agent.tui.app import LaplaceApp
 
 from .fake_service import FakeChatService
@@ -26,7 +26,7 @@ def _fake(tmp_path: Path) -> Iterator[ChatServiceProtocol]:
 
 
 def _real(tmp_path: Path) -> Iterator[ChatServiceProtocol]:
-    from agent.chat import ChatService
+    from agent.chat.service import ChatService
     from agent.runtime.checkpoint import load_model
     from agent.runtime.generation import EagerRunner
     from agent.runtime.sampling import SamplingOptions

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.chat_types import StatusView, TurnView
+from agent.chat.types import StatusView, TurnView
 from agent.tui import known_binding_ids
 from agent.tui.chat.messages import code_blocks, header_text, is_unread
 from agent.tui.keymap import validate_keymap
@@ -66,7 +66,7 @@ def test_keymap_validation() -> None:
 
 
 def test_tui_imports_no_runtime_torch_or_store() -> None:
-    code = ("import sys, agent.tui, agent.tui.bench, agent.tui.fake_service; "
+    code = ("import sys, agent.tui, agent.bench.tui, agent.tui.fake_service; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sqlite_utils', 'sessions') "
-            "or m.startswith('agent.runtime') or m == 'agent.chat']; print(bad); assert not bad")
+            "or m.startswith('agent.runtime') or m == 'agent.chat.service']; print(bad); assert not bad")
     subprocess.run([sys.executable, "-c", code], check=True)

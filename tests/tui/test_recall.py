@@ -3,7 +3,7 @@ reply written after it carries a mark."""
 
 from __future__ import annotations
 
-from agent.chat_types import TurnView
+from agent.chat.types import TurnView
 from agent.tui.chat.messages import USED_RECALL, MessageWidget, header_text, message_body
 
 from .fake_service import FakeChatService

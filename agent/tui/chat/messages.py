@@ -24,7 +24,7 @@ from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
 from agent.textsafe import displayable
-from agent.chat_types import TurnView
+from agent.chat.types import TurnView
 
 # Rendering a megabyte of text into the transcript would stall layout; the full content is
 # still stored, exported and copied (copy works on the turn, not on what is displayed).

@@ -21,7 +21,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from agent.chat_types import TurnView
+from agent.chat.types import TurnView
 
 from .messages import MessageWidget, StreamingMessage
 

@@ -4,7 +4,7 @@ The command validates options, draws a progress bar, and records the finished ru
 session database; the training itself lives in `agent.train` (imported lazily, so other
 commands do not pay for it). `--distributed` relaunches the same options under torchrun.
 
-Mount with `app.command("finetune")(finetune_command)` in agent/cli.py.
+Mount with `app.command("finetune")(finetune_command)` in agent/cli/__init__.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from agent.cli_errors import fail as _fail
+from agent.cli.errors import fail as _fail
 from agent.settings import Settings
 
 

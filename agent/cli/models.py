@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from agent.cli_errors import fail
+from agent.cli.errors import fail
 from agent.settings import Settings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -1,6 +1,6 @@
 """Recovery and integrity checks that `ChatService` runs when it takes a session.
 
-Split from `agent/chat.py` to keep that file to the turn loop. Three jobs:
+Split from `agent/chat/service.py` to keep that file to the turn loop. Three jobs:
 
 - `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
   the lease) but was never folded into the state; fold its kept text now, so the promise
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from agent.chat_browse import guarded
-from agent.chat_types import ChatError, StateUnusableError
+from agent.chat.browse import guarded
+from agent.chat.types import ChatError, StateUnusableError
 from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, StateMeta, Turn
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 class RecoveringService(Protocol):
     """What recovery uses of `ChatService`, spelled out so this module need not import
-    agent.chat (which imports this one)."""
+    agent.chat.service (which imports this one)."""
 
     store: SessionStore
     lm: LoadedModel

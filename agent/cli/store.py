@@ -14,7 +14,7 @@ from typing import Iterator
 
 import typer
 
-from agent.cli_errors import fail
+from agent.cli.errors import fail
 from agent.settings import Settings
 from sessions import SessionError, SessionStore
 

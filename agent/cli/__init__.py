@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from agent.cli_errors import fail
+from agent.cli.errors import fail
 from agent.units import human_bytes
 from agent.settings import Settings
 
@@ -102,7 +102,7 @@ def bench(
 
 
 def _register_subcommands() -> None:
-    from agent import cli_chat, cli_finetune, cli_models, cli_probe, cli_sessions
+    from agent.cli import chat as cli_chat, finetune as cli_finetune, models as cli_models, probe as cli_probe, sessions as cli_sessions
 
     cli_chat.register(app)
     app.add_typer(cli_sessions.app, name="sessions", help="Manage saved sessions.")
@@ -118,6 +118,6 @@ _register_subcommands()
 def main() -> None:  # pragma: no cover - console entry point
     import sys
 
-    from agent.cli_chat import join_option_pairs
+    from agent.cli.chat import join_option_pairs
 
     app(args=join_option_pairs(sys.argv[1:]), prog_name="laplace")

@@ -23,11 +23,11 @@ from typing import Iterator, Sequence
 
 import torch
 
-from agent.chat_browse import SessionBrowsing, guarded
-from agent.chat_docs import fold_document, read_document
-from agent.chat_recovery import check_token_chain, fold_interrupted, prepare_rebuild
-from agent.chat_refresh import RecallRefresh
-from agent.chat_types import (
+from agent.chat.browse import SessionBrowsing, guarded
+from agent.chat.docs import fold_document, read_document
+from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
+from agent.chat.refresh import RecallRefresh
+from agent.chat.types import (
     ChatError,
     ChatEvent,
     ProbeAnswer,

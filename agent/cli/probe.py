@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from agent.cli_errors import fail as _fail
+from agent.cli.errors import fail as _fail
 from agent.settings import Settings
 
 app = typer.Typer(help="Measure what a fixed state still remembers.", no_args_is_help=True, pretty_exceptions_enable=False)

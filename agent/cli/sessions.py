@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agent.cli_store import session_store
+from agent.cli.store import session_store
 from agent.settings import Settings
 from agent.textsafe import displayable, json_for_terminal
 from agent.units import human_bytes
@@ -241,7 +241,7 @@ def verify(
 ) -> None:
     """Recompute the hash chain over the current branch's token ids and check its snapshots;
     exit 1 with the way out (--rebuild-state) if the state disagrees with the transcript."""
-    from agent.cli_errors import fail
+    from agent.cli.errors import fail
     from agent.sessions_verify import VerifyFailed, verify_session
 
     try:

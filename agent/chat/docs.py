@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from agent.chat_types import ChatError, ProgressEvent
+from agent.chat.types import ChatError, ProgressEvent
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner
 from agent.runtime.state import RecurrentState

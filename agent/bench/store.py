@@ -80,7 +80,7 @@ def run_store_bench(tmp_dir: Path, *, quick: bool = False, small_state_bytes: in
     return results
 
 
-if __name__ == "__main__":  # `python -m agent.bench_store` for a quick look without the CLI
+if __name__ == "__main__":  # `python -m agent.bench.store` for a quick look without the CLI
     import json
     import sys
     import tempfile

@@ -1,6 +1,6 @@
 """The read-mostly half of `ChatService`: listing, search, export, status and turn views.
 
-Split from `agent/chat.py` to keep each file to one job; it relies on the attributes that
+Split from `agent/chat/service.py` to keep each file to one job; it relies on the attributes that
 `ChatService.__init__` sets (`store`, `lm`, `model_id`, `device`, `_session`, `_state`, ...).
 """
 
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
-from agent.chat_refresh import is_recall
-from agent.chat_types import ChatError, SearchHit, SessionView, StatusView, TurnView
+from agent.chat.refresh import is_recall
+from agent.chat.types import ChatError, SearchHit, SessionView, StatusView, TurnView
 from sessions import Session, SessionError, SessionSummary, Turn
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The vocabulary shared by the chat service and its clients (TUI, `laplace ask`).
 
 Plain dataclasses, no torch and no SQL, so the TUI can import them (and tests can build a
-fake service) without pulling in the runtime. `ChatService` in `agent/chat.py` is the real
+fake service) without pulling in the runtime. `ChatService` in `agent/chat/service.py` is the real
 implementation of `ChatServiceProtocol`.
 """
 

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from agent.cli_errors import fail as _fail
+from agent.cli.errors import fail as _fail
 from agent.settings import Settings
 
 if TYPE_CHECKING:
-    from agent.chat import ChatService
+    from agent.chat.service import ChatService
 
 DEFAULT_MODEL = "default"
 INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
@@ -80,13 +80,13 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
     state that cannot be used is returned as the second value with `defer_unusable` (the
     TUI asks the user), or else an error."""
-    from agent.chat import ChatService
-    from agent.chat_types import ChatError, StateUnusableError
+    from agent.chat.service import ChatService
+    from agent.chat.types import ChatError, StateUnusableError
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.quant import QUANT_MODES, quantize_loaded
     from agent.runtime.sampling import SamplingOptions
-    from agent.cli_store import open_store
+    from agent.cli.store import open_store
     from sessions import SessionError
 
     settings = Settings.from_env()
@@ -216,7 +216,7 @@ def ask(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
-    from agent.chat_types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
+    from agent.chat.types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
     service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
