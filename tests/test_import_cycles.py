@@ -5,9 +5,7 @@ A cycle works only as long as every module in it happens to import the others' n
 `import` statement counts, wherever it is, including TYPE_CHECKING blocks.
 
 Covered: the `agent` and `sessions` packages and the default model's recipe
-(`recipes/default_model`, outside the wheel). One known cycle is listed in KNOWN_CYCLES: the TUI app split over app.py / actions.py as a mixin (its
-TYPE_CHECKING base class and `known_bindings`); it is to become composition separately, and
-the test fails once it is gone so the entry is removed with it.
+(`recipes/default_model`, outside the wheel).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent", "sessions", "recipes")
 EXCLUDED: tuple[str, ...] = ()
-KNOWN_CYCLES = [["agent.tui.actions", "agent.tui.app"]]
 
 
 def _excluded(module: str) -> bool:
@@ -112,6 +109,4 @@ def test_the_graph_covers_the_packages_and_follows_relative_imports():
 
 def test_no_import_cycles_outside_recipes():
     cycles = _cycles(import_graph())
-    new = [c for c in cycles if c not in KNOWN_CYCLES]
-    assert not new, "import cycles: " + "; ".join(" <-> ".join(c) for c in new)
-    assert sorted(cycles) == sorted(KNOWN_CYCLES), "a known cycle is gone: remove it from KNOWN_CYCLES"
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

@@ -5,7 +5,8 @@ service through `ChatServiceProtocol` alone. Streaming calls (send, regenerate, 
 rebuild_state) run in a worker thread (see jobs.py); quick calls (tail, page_before, status,
 list_sessions, rename, ...) run on the UI thread, possibly while a stream is being consumed
 in the worker, so the service must allow that. Session-changing calls wait until no stream
-is running. Slash commands and the sessions panel live in `actions.py`.
+is running. What slash commands, the sessions panel and the help page do lives in
+`actions.py` (`SessionActions`); the handlers Textual calls by name here delegate to it.
 """
 
 from __future__ import annotations
@@ -34,18 +35,20 @@ from agent.chat.types import (
 )
 from agent.textsafe import displayable
 
-from .actions import ActionsMixin
-from .chat.messages import code_blocks
+from .actions import SessionActions
+from .chat.messages import MessageWidget, code_blocks
 from .chat.view import ChatView
-from .dialogs import RebuildScreen
+from .dialogs import ConfirmScreen, RebuildScreen
 from .jobs import Job, JobEnded, JobEvent, JobKind, StreamFactory, consume
+from .keymap import binding_ids
 from .prompt import PromptArea
+from .sessions_panel import SessionsScreen
 from .status import StatusBar
 
 QUIT_GRACE_S = 3.0  # how long quitting waits for a cancelled reply to be stored
 
 
-class LaplaceApp(ActionsMixin, App[None]):
+class LaplaceApp(App[None]):
     """Chat with one session at a time; see the module docstring for the threading rules."""
 
     CSS_PATH = "laplace.tcss"
@@ -85,6 +88,7 @@ class LaplaceApp(ActionsMixin, App[None]):
         self._job_ids = 0
         self._code_cursor: tuple[int, int] | None = None  # (turn id, block index) last copied
         self.tail_painted_at: float | None = None
+        self.actions = SessionActions(self, known_bindings())
 
     # ---- layout ------------------------------------------------------------------------------
 
@@ -110,6 +114,11 @@ class LaplaceApp(ActionsMixin, App[None]):
     @property
     def progress(self) -> ProgressBar:
         return self.query_one("#progress", ProgressBar)
+
+    @property
+    def keymap(self) -> Mapping[str, str]:
+        """The user's binding overrides, by binding id (as given to `set_keymap`)."""
+        return self._keymap
 
     def say(self, message: str, severity: str = "information", timeout: float | None = None) -> None:
         """A notification whose text is never read as markup (service messages hold brackets)."""
@@ -279,6 +288,26 @@ class LaplaceApp(ActionsMixin, App[None]):
         else:
             self.exit()
 
+    # ---- requests carried out by SessionActions (Textual finds these by name) ---------------
+
+    async def on_prompt_area_submitted(self, message: PromptArea.Submitted) -> None:
+        await self.actions.submit(message)
+
+    async def on_message_widget_sibling_requested(self, message: MessageWidget.SiblingRequested) -> None:
+        await self.actions.switch_sibling(message)
+
+    async def on_sessions_screen_requested(self, message: SessionsScreen.Requested) -> None:
+        await self.actions.sessions_request(message)
+
+    async def action_new_session(self) -> None:
+        await self.actions.new_session()
+
+    def action_sessions(self) -> None:
+        self.actions.open_sessions()
+
+    def action_help(self) -> None:
+        self.actions.show_help()
+
     # ---- actions -----------------------------------------------------------------------------
 
     def action_cancel(self) -> None:
@@ -331,12 +360,18 @@ class LaplaceApp(ActionsMixin, App[None]):
         yield from super().get_system_commands(screen)
         for b in self.BINDINGS:
             if isinstance(b, Binding) and b.id and b.id != "quit":
-                keys = self._keymap.get(b.id, b.key)
+                keys = self.keymap.get(b.id, b.key)
                 yield SystemCommand(b.description, f"{keys} · id {b.id}", self._runner(b.action))
-        yield from self.slash_system_commands()
+        yield from self.actions.slash_system_commands()
 
     def _runner(self, action: str):  # noqa: ANN202 - a zero-argument callback for the palette
         def run() -> None:
             self.call_later(self.run_action, action)
 
         return run
+
+
+def known_bindings() -> dict[str, Binding]:
+    """Every remappable binding of the TUI, by id (the app's own come first)."""
+    return binding_ids([LaplaceApp.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
+                        MessageWidget.BINDINGS, ConfirmScreen.BINDINGS])

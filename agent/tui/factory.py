@@ -12,8 +12,7 @@ from typing import Mapping
 
 from agent.chat.types import ChatServiceProtocol, StateUnusableError
 
-from .actions import known_bindings
-from .app import LaplaceApp
+from .app import LaplaceApp, known_bindings
 from .keymap import validate_keymap
 
 

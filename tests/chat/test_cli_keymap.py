@@ -60,7 +60,7 @@ def test_good_keymaps_load(tmp_path: Path) -> None:
 
 
 def test_every_default_binding_key_is_valid() -> None:
-    from agent.tui.actions import known_bindings
+    from agent.tui.app import known_bindings
 
     defaults = {bid: b.key for bid, b in known_bindings().items()}
     assert validate_keymap(defaults, known_binding_ids()) == {k: ",".join(p.strip() for p in v.split(",")) for k, v in defaults.items()}

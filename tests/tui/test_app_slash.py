@@ -3,6 +3,7 @@ path for a state that cannot be used offers a rebuild with a progress bar."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -89,6 +90,14 @@ def test_attach_shows_progress_and_the_document(tmp_path: Path) -> None:
 def test_probe_shows_the_verdict() -> None:
     fake = FakeChatService(token_delay=0)
     fake.add_history(4)
+    threads: list[threading.Thread] = []
+    ask = fake.probe
+
+    def probe(question: str, expected: str | None = None):  # noqa: ANN202 - records where it ran
+        threads.append(threading.current_thread())
+        return ask(question, expected)
+
+    fake.probe = probe  # type: ignore[method-assign]
 
     async def scenario(app: LaplaceApp, pilot: Pilot) -> None:
         await type_and_send(app, pilot, "/probe what was question 1? => what is 2 + 2")
@@ -98,6 +107,8 @@ def test_probe_shows_the_verdict() -> None:
 
     run(scenario, fake)
     assert ("probe", "my cat?", "Tom") in fake.calls
+    # A probe runs the model for seconds: it must run in a worker thread, not on the UI loop.
+    assert len(threads) == 2 and threading.main_thread() not in threads
 
 
 def test_unusable_state_offers_a_rebuild_with_progress() -> None:

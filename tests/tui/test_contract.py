@@ -99,7 +99,7 @@ def test_tui_flows_agree_on_fake_and_real_service(service: ChatServiceProtocol) 
         assert service.session is not None and service.session.name == "scratch" and shown(app) == []
 
         # Back to the first session through the service, as the sessions panel does.
-        await app.switch_to(lambda: service.resume(first.uid), "switched to")
+        await app.actions.switch_to(lambda: service.resume(first.uid), "switched to")
         assert shown(app) == [("user", "complete"), ("assistant", "complete")]
         seen["sessions"] = len(service.list_sessions())
 
