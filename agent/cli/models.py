@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from agent.cli.errors import fail
 from agent.settings import Settings
+
+if TYPE_CHECKING:  # the runtime (and torch) loads only inside the commands
+    from agent.runtime.checkpoint import LoadedModel
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -33,7 +36,7 @@ def _target(settings: Settings, name: str) -> Path:
     return out
 
 
-def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str) -> object:
+def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str) -> "LoadedModel":
     from agent.importers import CheckpointError, import_checkpoint
 
     typer.echo(f"converting {label} ...", err=True)
@@ -52,16 +55,16 @@ def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, la
     return lm
 
 
-def _self_check(lm: object) -> None:
+def _self_check(lm: "LoadedModel") -> None:
     from agent.importers.selfcheck import self_check
 
-    result = self_check(lm)  # type: ignore[arg-type]
+    result = self_check(lm)
     typer.echo(f"self-check: perplexity {result.perplexity:,.1f} on {result.tokens} tokens of English (bar {result.bar:,.0f})")
     typer.echo(f"self-check: greedy reply: {result.reply!r}")
     if not result.ok:
         raise fail(
-            f"self-check failed: perplexity {result.perplexity:,.1f} is near chance for {lm.config.vocab_size:,} tokens, "  # type: ignore[attr-defined]
-            f"so the conversion is likely wrong (or the checkpoint is untrained); the model was kept: rm -r {lm.path}"  # type: ignore[attr-defined]
+            f"self-check failed: perplexity {result.perplexity:,.1f} is near chance for {lm.config.vocab_size:,} tokens, "
+            f"so the conversion is likely wrong (or the checkpoint is untrained); the model was kept: rm -r {lm.path}"
         )
     typer.echo("self-check: ok")
 
@@ -105,8 +108,8 @@ def pull_command(
     tok_dir = download_dir(downloads, tokenizer) if tokenizer else None
     try:
         fetch(repo_id, src, revision=revision)
-        if tokenizer:
-            fetch(tokenizer, tok_dir, patterns=TOKENIZER_FILES)  # type: ignore[arg-type]
+        if tokenizer and tok_dir is not None:
+            fetch(tokenizer, tok_dir, patterns=TOKENIZER_FILES)
     except CheckpointError as exc:
         raise fail(f"{exc} (what was downloaded is kept in {downloads}; run the same pull again to resume)") from None
     lm = _convert(src, target, tokenizer=tok_dir, plain=plain_template, label=repo_id)
