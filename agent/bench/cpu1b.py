@@ -41,7 +41,7 @@ if mode == "int8":
     quantize_int8_(model)
 import gc; gc.collect()
 resident = kb("VmRSS")
-runner = EagerRunner(model, segment_len=config.chunk_size)
+runner = EagerRunner(model)
 ids = torch.randint(0, config.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
 with torch.inference_mode():
     logits, state = runner.prefill(ids)

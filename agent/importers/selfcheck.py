@@ -46,7 +46,7 @@ def self_check(lm: LoadedModel, *, max_new_tokens: int = 40) -> SelfCheck:
     x = torch.tensor([ids], device=model.embed.weight.device)
     logits, _ = model(x)
     nll = F.cross_entropy(logits[0, :-1].float(), x[0, 1:])
-    runner = EagerRunner(model, segment_len=model.config.chunk_size * max(1, 512 // model.config.chunk_size))
+    runner = EagerRunner(model)
     prompt = template.message(tok, "system", "", first=True) + template.message(tok, "user", PROMPT) + template.reply_prefix(tok)
     last, state = runner.prefill(prompt)
     gen = Generation(runner, state, last, SamplingOptions(temperature=0.0, max_new_tokens=max_new_tokens), stop_ids=template.stop_ids(tok))

@@ -27,8 +27,11 @@ DEFAULT_SEGMENT = 512
 class EagerRunner:
     """Prefill in fixed-size segments and decode one token at a time, eagerly."""
 
-    def __init__(self, model: LaplaceModel, segment_len: int = DEFAULT_SEGMENT) -> None:
+    def __init__(self, model: LaplaceModel, segment_len: int | None = None) -> None:
         chunk = model.config.chunk_size
+        # Default: DEFAULT_SEGMENT rounded up to whole chunks (an imported model's chunk need
+        # not divide 512).
+        segment_len = segment_len or -(-DEFAULT_SEGMENT // chunk) * chunk
         if segment_len % chunk:
             raise ValueError(f"segment length {segment_len} must be a multiple of the chunk size {chunk}")
         self.model = model

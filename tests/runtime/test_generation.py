@@ -154,3 +154,15 @@ def test_device_resolution_names_what_is_missing():
         resolve_device("neuron")
     with pytest.raises(DeviceUnavailableError, match="unknown device"):
         resolve_device("tpu")
+
+
+def test_default_segment_is_whole_chunks_for_any_chunk_size() -> None:
+    """An imported model's chunk need not divide 512: the default segment rounds up."""
+    from agent.runtime.config import PRESETS
+    from agent.runtime.generation import DEFAULT_SEGMENT, EagerRunner
+    from agent.runtime.model import build_model
+
+    model = build_model(PRESETS["tiny"].replace(chunk_size=48))
+    runner = EagerRunner(model)
+    assert runner.segment_len % 48 == 0 and DEFAULT_SEGMENT <= runner.segment_len < DEFAULT_SEGMENT + 48
+    assert EagerRunner(build_model(PRESETS["tiny"])).segment_len == DEFAULT_SEGMENT
