@@ -13,24 +13,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agent.importers.chat_format import describe, segment_template
 from agent.importers.families import detect, map_weights
 from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
-from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
-from agent.runtime.model import LaplaceModel
+from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, model_from_tensors, save_model_dir
 from agent.runtime.tokenizer import Tokenizer
 
 __all__ = ["CheckpointError", "import_checkpoint", "inspect_checkpoint"]
 
 
-def inspect_checkpoint(src: str | Path) -> str:
-    """The family of a checkpoint directory ('llamba' | 'mamba2'), or CheckpointError."""
+def inspect_checkpoint(src: str | Path) -> tuple[str, dict[str, Any]]:
+    """(family, config.json) of a checkpoint directory; family is 'llamba' | 'mamba2'."""
     root = Path(src)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist" + (" (it is a file)" if root.exists() else ""))
-    return detect(read_json(root / "config.json"))
+    cfg = read_json(root / "config.json")
+    return detect(cfg), cfg
 
 
 def import_checkpoint(
@@ -43,8 +41,7 @@ def import_checkpoint(
     root, out = Path(src), Path(dest)
     if out.exists():
         raise CheckpointError(f"{out} already exists; choose another --out name or remove it first")
-    family = inspect_checkpoint(root)
-    cfg = read_json(root / "config.json")
+    family, cfg = inspect_checkpoint(root)
     files = find_tokenizer(root, Path(tokenizer_dir) if tokenizer_dir else None)
     try:
         tok = Tokenizer.from_file(files.tokenizer_json)
@@ -55,7 +52,10 @@ def import_checkpoint(
     config = config.replace(name=name)
     if tok.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.vocab_size}; this tokenizer belongs to another model")
-    model = _build(config, tensors)
+    try:
+        model = model_from_tensors(config, {k: v.contiguous() for k, v in tensors.items()}, where=root).eval()
+    except ModelLoadError as exc:
+        raise CheckpointError(f"{exc}; the checkpoint is not a plain model of its family") from None
     card: dict[str, Any] = {"name": name, "family": family, "source": source_label or str(root.resolve()),
                             "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""), **describe(template)}
     loaded = LoadedModel(model, tok, template, name=name, card=card)
@@ -66,26 +66,12 @@ def import_checkpoint(
     try:
         save_model_dir(loaded, tmp)
         check = load_model_dir(tmp)  # what a user will load: strict, or we fail here
-        template.check(check.tokenizer)
         tmp.rename(out)
         check.path = out
-    except (ModelLoadError, ValueError, KeyError, OSError) as exc:
+    except (ModelLoadError, ValueError, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"the converted model does not load ({exc}); nothing was written") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return check
-
-
-def _build(config: Any, tensors: dict[str, torch.Tensor]) -> LaplaceModel:
-    """Our model with exactly these tensors (the weights keep their stored dtype)."""
-    with torch.device("meta"):
-        model = LaplaceModel(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = [k for k in expected if k not in tensors or tuple(tensors[k].shape) != expected[k]]
-    if wrong or set(tensors) - set(expected):
-        k = (wrong or sorted(set(tensors) - set(expected)))[0]
-        raise CheckpointError(f"weight {k} does not fit the model config.json describes; the checkpoint is not a plain model of its family")
-    model.load_state_dict({k: v.contiguous() for k, v in tensors.items()}, strict=True, assign=True)
-    return model.eval()

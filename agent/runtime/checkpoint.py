@@ -125,18 +125,9 @@ def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
     return config, dict(meta.get("card") or {})
 
 
-def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
-    root = Path(path)
-    if not root.is_dir():
-        raise not_a_model_dir(root)
-    missing = [f for f in MODEL_FILES if not (root / f).is_file()]
-    if missing:
-        raise ModelLoadError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
-    config, card = read_config(root)
-    try:
-        tensors = load_file(str(root / "model.safetensors"))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"{root / 'model.safetensors'} is unreadable ({exc}); restore the file or re-export the model") from None
+def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], *, where: str | Path) -> LaplaceModel:
+    """The model of `config` holding exactly `tensors` (kept in their dtype, not copied).
+    A missing, extra or mis-shaped tensor is a ModelLoadError naming it and `where`."""
     model = build_model(config, device="meta")
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing_t = sorted(set(expected) - set(tensors))
@@ -150,8 +141,24 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     if wrong:
         problems.append("mis-shaped " + ", ".join(f"{k} {tuple(tensors[k].shape)} != {expected[k]}" for k in wrong[:5]))
     if problems:
-        raise ModelLoadError(f"{root / 'model.safetensors'} does not match config.json: {'; '.join(problems)}")
+        raise ModelLoadError(f"{where} does not match config.json: {'; '.join(problems)}")
     model.load_state_dict(tensors, strict=True, assign=True)
+    return model
+
+
+def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    root = Path(path)
+    if not root.is_dir():
+        raise not_a_model_dir(root)
+    missing = [f for f in MODEL_FILES if not (root / f).is_file()]
+    if missing:
+        raise ModelLoadError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
+    config, card = read_config(root)
+    try:
+        tensors = load_file(str(root / "model.safetensors"))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"{root / 'model.safetensors'} is unreadable ({exc}); restore the file or re-export the model") from None
+    model = model_from_tensors(config, tensors, where=root / "model.safetensors")
     model = model.to(device=device, dtype=dtype).eval()
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")

@@ -15,7 +15,7 @@ probes and trainer never ask which kind they hold.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
@@ -34,7 +34,6 @@ class SegmentTemplate:
     bos: str = ""
     stop_tokens: tuple[str, ...] = ()
     source: str = ""  # where it came from ("jinja", "plain"), for the card
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -70,7 +69,7 @@ class SegmentTemplate:
     def to_json(self) -> str:
         return json.dumps(
             {"kind": SEGMENT_KIND, "roles": {r: list(p) for r, p in self.roles_text.items()}, "reply_open": self.reply_open,
-             "bos": self.bos, "stop_tokens": list(self.stop_tokens), "source": self.source, "extra": self.extra},
+             "bos": self.bos, "stop_tokens": list(self.stop_tokens), "source": self.source},
             indent=2, sort_keys=True,
         )
 
@@ -80,18 +79,7 @@ class SegmentTemplate:
             roles_text={str(r): (str(p[0]), str(p[1])) for r, p in data["roles"].items()},
             reply_open=str(data["reply_open"]), bos=str(data.get("bos", "")),
             stop_tokens=tuple(str(t) for t in data.get("stop_tokens", ())), source=str(data.get("source", "")),
-            extra={str(k): str(v) for k, v in (data.get("extra") or {}).items()},
         )
-
-    def check(self, tok: Tokenizer) -> None:
-        """Every stop token exists and the assistant suffix starts with one (so the model
-        can end its turn); raises ValueError naming what is wrong."""
-        for t in self.stop_tokens:
-            tok.token_id(t)  # KeyError names the token
-        if not self.stop_tokens:
-            raise ValueError("the chat template has no stop token, so a reply could never end")
-        for role in ("system", "user", "assistant"):
-            self._pair(role)
 
 
 AnyTemplate = Union[ChatTemplate, SegmentTemplate]
