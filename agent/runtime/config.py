@@ -87,7 +87,7 @@ class LaplaceConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config field {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        n_qk = self.n_qk_heads or self.n_heads
+        n_qk = self.qk_heads
         if self.n_heads % n_qk:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_qk_heads ({n_qk})")
         if self.mixer == "gla":

@@ -137,6 +137,7 @@ class LaplaceModel(nn.Module):
             normal_(self.lm_head.weight, std)
         self.norm.weight.fill_(1.0)
         out_std = std / math.sqrt(2 * c.n_layers)
+        biases = torch.tensor(c.gate_biases())
         for block in self.blocks:
             a, ffn = block.attn, block.ffn
             glu = (ffn.w1, ffn.w3) if ffn is not None else ()
@@ -159,7 +160,7 @@ class LaplaceModel(nn.Module):
             if a.conv.bias is not None:
                 a.conv.bias.zero_()
             a.decay_weight.zero_()
-            a.decay_bias.copy_(torch.tensor(c.gate_biases()))
+            a.decay_bias.copy_(biases)
             a.head_norm.weight.fill_(1.0)
         return self
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class Tokenizer:
         self.hf = hf
         self.hf.encode_special_tokens = True
         self._json = hf.to_str()
+        self._specials: re.Pattern[str] | None = None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
@@ -44,18 +46,16 @@ class Tokenizer:
     def encode_markup(self, text: str) -> list[int]:
         """Encode template text: special-token strings in it *are* special tokens (unlike
         `encode`, which reads them as plain text so a user cannot forge them)."""
-        specials = sorted((t.content for t in self.hf.get_added_tokens_decoder().values() if t.special), key=len, reverse=True)
+        if self._specials is None:  # built once: the tokenizer never changes
+            names = sorted((t.content for t in self.hf.get_added_tokens_decoder().values() if t.special and t.content),
+                           key=len, reverse=True)  # longest first, so a longer token wins where two start
+            self._specials = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else re.compile("(?!)")
         ids: list[int] = []
-        rest = text
-        while rest:
-            hits = [(rest.find(sp), sp) for sp in specials if sp and sp in rest]
-            if not hits:
-                ids += self.encode(rest)
-                break
-            at, sp = min(hits, key=lambda h: (h[0], -len(h[1])))
-            ids += self.encode(rest[:at]) if at else []
-            ids.append(self.token_id(sp))
-            rest = rest[at + len(sp):]
+        for i, part in enumerate(self._specials.split(text)):  # odd parts are the special tokens
+            if i % 2:
+                ids.append(self.token_id(part))
+            elif part:
+                ids += self.encode(part)
         return ids
 
     def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
