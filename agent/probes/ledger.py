@@ -204,27 +204,33 @@ def resume_check(model: LaplaceModel, ids: Sequence[int], fingerprint: str) -> d
     return {"passed": diff == 0.0, "max_abs_diff": diff, "tokens": len(ids) - 1, "state_bytes": state.nbytes}
 
 
+def model_half_lives(lm: LoadedModel) -> tuple[list[list[float]], str]:
+    """Half-life per layer and head, and where it comes from. The Laplace mixer's are read
+    off its gates at rest (no tokens needed). A Mamba-2 mixer's decays are set by its input
+    (at rest a Llamba head halves every token, which says nothing), so they are measured
+    while the model reads 512 tokens of chat filler."""
+    if lm.config.mixer == "gla":
+        return resting_half_lives(lm.model), "gate bias at rest"
+    from agent.probes.fillers import make_filler
+
+    ids = make_filler("chat", lm.tokenizer, lm.template).tokens(512, random.Random(0))
+    with capture_decays(lm.model) as rec, torch.inference_mode():
+        lm.model(torch.tensor([ids], device=lm.model.embed.weight.device))
+    return retention_ledger(rec.take()[:, 0], [])["half_life"], "decays measured on 512 tokens of chat filler"
+
+
 def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
     """Tokens after which a planted detail has likely faded from the state, and where the
     number comes from: the model card's measured recall when it records one (see
-    `agent.refresh.horizon_from_card`), else half the slowest head's half-life (that head
-    then still keeps about 70% of a write; measured exact recall of a detail fades well
-    before the slowest head does: the default model's card says 0.85 at 1,024 tokens where
-    its slowest head's half-life is about 1,500). The Laplace mixer's half-lives are read
-    off its gates at rest; a Mamba-2 mixer's decays are set by its input (at rest they say
-    nothing), so they are measured while the model reads 512 tokens of chat filler."""
+    `agent.refresh.horizon_from_card`), else half the slowest head's half-life from
+    `model_half_lives` (that head then still keeps about 70% of a write; measured exact
+    recall of a detail fades well before the slowest head does: the default model's card
+    says 0.85 at 1,024 tokens where its slowest head's half-life is about 1,500)."""
     from agent.refresh import horizon_from_card
 
     measured = horizon_from_card(lm.card)
     if measured is not None:
         return measured, "model card (held-out recall >= 0.9)"
-    if lm.config.mixer != "gla":
-        from agent.probes.fillers import make_filler
-
-        ids = make_filler("chat", lm.tokenizer, lm.template).tokens(512, random.Random(0))
-        with capture_decays(lm.model) as rec, torch.inference_mode():
-            lm.model(torch.tensor([ids], device=lm.model.embed.weight.device))
-        slowest = retention_ledger(rec.take()[:, 0], [])["slowest"]["half_life"]
-        return int(min(slowest, 1e9) / 2), "decays measured on 512 tokens of chat filler (half the slowest head's half-life)"
-    slowest = max((x for row in resting_half_lives(lm.model) for x in row if math.isfinite(x)), default=0.0)
-    return int(slowest / 2), "decay gates (half the slowest head's resting half-life)"
+    half, basis = model_half_lives(lm)
+    slowest = max((x for row in half for x in row if math.isfinite(x)), default=0.0)
+    return int(slowest / 2), f"half the slowest head's half-life ({basis})"

@@ -19,7 +19,7 @@ from agent.runtime.state import RecurrentState
 
 from agent.probes import text
 from agent.probes.engine import advance, ask, greedy_answer
-from agent.probes.ledger import resting_half_lives
+from agent.probes.ledger import model_half_lives
 from agent.probes.tasks import shaped_candidates
 from agent.probes.verdicts import ANSWERED, judge
 
@@ -77,11 +77,11 @@ def find_mention(turn_ids: Sequence[int], expect_ids: Sequence[Sequence[int]]) -
 
 
 def predicted_retention(loaded: LoadedModel, tokens_since: int | None) -> dict[str, Any]:
-    """The heads' resting half-lives and, given a distance, the share of a write left."""
-    half = resting_half_lives(loaded.model)
+    """The heads' half-lives (`model_half_lives`) and, given a distance, the share of a write left."""
+    half, basis = model_half_lives(loaded)
     flat = [(h, li, hi) for li, row in enumerate(half) for hi, h in enumerate(row)]
     slow, sl, sh = max(flat)
-    out: dict[str, Any] = {"slowest": {"layer": sl, "head": sh, "half_life": slow}, "basis": "gate bias at rest"}
+    out: dict[str, Any] = {"slowest": {"layer": sl, "head": sh, "half_life": slow}, "basis": basis}
     if tokens_since is not None:
         out["slowest"]["retained"] = float(f"{math.exp(-math.log(2) * tokens_since / slow):.6g}") if slow > 0 else 0.0
         out["per_layer_max"] = [float(f"{max(math.exp(-math.log(2) * tokens_since / h) for h in row):.6g}") for row in half]

@@ -197,6 +197,9 @@ def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -
     lm = load_model("lb", models_dir=models_dir())
     fast, source = recall_horizon(lm)
     assert "measured on 512 tokens" in source
+    from agent.probes.session_check import predicted_retention
+
+    assert "measured on 512 tokens" in predicted_retention(lm, 100)["basis"]  # /probe reads the same half-lives
     with torch.no_grad():  # slow every head's decay 10,000-fold: the horizon must follow
         for block in lm.model.blocks:
             block.attn.A_log.fill_(-9.21)
