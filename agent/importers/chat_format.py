@@ -99,6 +99,8 @@ def _render_segments(files: TokenizerFiles, stops: list[str]) -> SegmentTemplate
         sys_prefix, sys_suffix = user
     if bos and sys_prefix.startswith(bos):  # the BOS belongs to the session's first message only
         sys_prefix = sys_prefix[len(bos):]
+        if not first:  # no system role: the user prefix was rendered as the first message, BOS and all
+            user = (user[0][len(bos):], user[1])
     else:
         bos = ""
     # Some templates put the assistant's opening inside its message; a reply must read the same.

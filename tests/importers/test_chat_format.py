@@ -66,6 +66,11 @@ def test_a_template_without_a_system_role_takes_it_as_a_user_turn(tmp_path) -> N
                  "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
     tpl = segment_template(files(no_system, tmp_path), TOK)
     assert tpl.roles_text["system"] == tpl.roles_text["user"] == ("<|user|>", "<|end|>")
+    # With a BOS printed by the template, only the session's first message carries it.
+    tpl = segment_template(files("{{ bos_token }}" + no_system, tmp_path), TOK)
+    assert tpl.bos == "<|bos|>" and tpl.roles_text["user"] == ("<|user|>", "<|end|>")
+    ids = tpl.message(TOK, "system", "s", first=True) + tpl.message(TOK, "user", "u")
+    assert ids.count(TOK.token_id("<|bos|>")) == 1
 
 
 def test_a_template_that_fails_in_python_is_a_clear_error(tmp_path) -> None:
