@@ -8,12 +8,17 @@ suite (`laplace probe run --refresh both`) applies the very same rule to its syn
 conversations, so what it measures is what chat does.
 
 The rule, in order:
-1. content words of the message (lower case, stop words dropped, a plural "s" folded);
+1. content words of the message (lower case, stop and discourse words dropped, word
+   forms folded: "lockers", "parked", "parking" and "grew" count as "locker", "park" and
+   "grow");
 2. a candidate turn is eligible only if it ended more than `horizon` tokens ago (turns
    the state still holds are never repeated), shares enough of those words (one when
-   the message has one or two content words, else two), and is not superseded: a later
-   turn of the same role, not a question, sharing the same words or more (a code stated,
-   then updated: only the update counts; if it is within the horizon, nothing is recalled);
+   the message has one or two content words, else two; when no turn shares two, one
+   sharing the message's rarest word among the candidates will do: "What day is my
+   dentist appointment?" finds "I see the dentist on May 3."), and is not superseded: a
+   later turn of the same role, not a question, sharing the same words or more (a code
+   stated, then updated: only the update counts; if it is within the horizon, nothing is
+   recalled);
 3. each eligible turn is cut down to its sentences sharing the most words with the
    message (left out if those are all questions: an earlier "what is my code?" holds
    no answer), and scored by the summed rarity (idf over the candidates) of the words it shares;
@@ -50,7 +55,17 @@ let me mine my myself no not now of off on once only or our ours out over please
 she should so some still such tell than thank thanks that the their them then there these they this those
 to told too under until up us very was we were what whats when where which while who whom why will with
 would yes you your yours yourself earlier recall recalled conversation
+sorry hey hi hello hmm oh okay ok well quick question again actually really just thing one anyway
 """.split())
+# Common irregular past forms, folded to the base form (the index's stemmer does not
+# join them either, so the lookup asks for every form: `query_words`).
+IRREGULAR = {
+    "grew": "grow", "grown": "grow", "went": "go", "gone": "go", "bought": "buy", "left": "leave", "met": "meet",
+    "took": "take", "taken": "take", "flew": "fly", "flown": "fly", "drove": "drive", "driven": "drive", "gave": "give",
+    "given": "give", "got": "get", "gotten": "get", "made": "make", "put": "put", "sat": "sit", "kept": "keep",
+    "chose": "choose", "chosen": "choose", "wrote": "write", "written": "write", "ate": "eat", "eaten": "eat",
+    "paid": "pay", "sent": "send", "spent": "spend", "told": "tell", "found": "find", "moved": "move", "lived": "live",
+}
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,18 @@ def terms(text: str) -> list[str]:
 
 
 def _stem(word: str) -> str:
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss") and not word.isdigit():
-        return word[:-1]
+    """A light fold of English word forms: irregular pasts, then a plural "s", "-ing" or
+    "-ed", then a final "e" ("moved", "moving", "moves" -> "mov"), keeping at least three
+    letters. Both sides of a comparison are folded the same way, so it need not be a word."""
+    if word.isdigit():
+        return word
+    word = IRREGULAR.get(word, word)
+    for suffix in ("ing", "ed", "s"):
+        if word.endswith(suffix) and not word.endswith("ss") and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
     return word
 
 
@@ -97,9 +122,12 @@ def query_words(text: str, limit: int = MAX_QUERY_WORDS) -> list[str]:
     for w in _WORD.findall(text.lower()):
         if w not in STOP_WORDS and (len(w) >= 2 or w.isdigit()):
             seen[w] = None
+            base = IRREGULAR.get(w, w)
+            for form in (base, *(k for k, v in IRREGULAR.items() if v == base)):
+                seen[form] = None
             if len(seen) >= limit:
                 break
-    return list(seen)
+    return list(seen)[:limit]
 
 
 def _relevant_part(text: str, query: set[str]) -> str:
@@ -143,18 +171,23 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
     # Statements: a later one of the same role covering the same words of the message (or
     # more) supersedes an earlier one, e.g. a code stated, then updated.
     said = [(c.distance, c.role, qset & set(terms(c.text))) for c in pool if not _is_question(c.text)]
-    ranked: list[Recalled] = []
-    for c in pool:
-        if c.distance <= horizon:
-            continue
+
+    def eligible(c: Candidate, enough: int) -> tuple[set[str], str] | None:
+        """(shared words, the part to repeat) when `c` may be recalled with `enough` shared words."""
         shared = qset & set(terms(c.text))
-        if len(shared) < need or any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
-            continue
+        if c.distance <= horizon or len(shared) < enough:
+            return None
+        if any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
+            return None
         line = _relevant_part(c.text, qset)
-        if _is_question(line):  # an earlier question carries no answer, only the same words
-            continue
-        score = sum(math.log(1 + len(pool) / df[t]) for t in shared)
-        ranked.append(Recalled(c.turn_id, c.role, line, c.distance, round(score, 6)))
+        return None if _is_question(line) else (shared, line)  # an earlier question carries no answer
+
+    found = [(c, e) for c in pool if (e := eligible(c, need))]
+    if not found and need > 1 and df:  # nothing shares two words: one sharing the rarest will do
+        rarest = {t for t, n in df.items() if n == min(df.values())}
+        found = [(c, e) for c in pool if (e := eligible(c, 1)) and e[0] & rarest]
+    ranked = [Recalled(c.turn_id, c.role, line, c.distance, round(sum(math.log(1 + len(pool) / df[t]) for t in shared), 6))
+              for c, (shared, line) in found]
     # Best score first; among equals the most recent (smallest distance), then the newest id.
     ranked.sort(key=lambda r: (-r.score, r.distance, -r.turn_id))
     chosen: list[Recalled] = []

@@ -19,13 +19,28 @@ def pick(message: str, cands: list[Candidate], horizon: int = 100, budget: int =
     return [r.turn_id for r in select(message, cands, horizon=horizon, budget=budget, count=words)]
 
 
-def test_terms_drop_stop_words_and_fold_plurals() -> None:
-    assert terms("What is my locker code?") == ["locker", "code"]
+def test_terms_drop_stop_words_and_fold_word_forms() -> None:
+    assert terms("What is my locker code?") == ["locker", "cod"]
     assert refresh.query_words("What is my locker code? " + " ".join(f"w{i}" for i in range(100)))[:3] == [
         "locker", "code", "w0"]
     assert len(refresh.query_words(" ".join(f"w{i}" for i in range(100)))) == refresh.MAX_QUERY_WORDS
-    assert terms("The codes for my lockers") == ["code", "locker"]
+    assert terms("The codes for my lockers") == ["cod", "locker"]
     assert terms("what is it?") == []
+    # Plain speech: the same word in other forms, and discourse words that carry nothing.
+    assert terms("I parked the car") == terms("Where did I park the cars?") == ["park", "car"]
+    assert terms("I grew up in Cork") == ["grow", "cork"] and terms("Where did I grow up?") == ["grow"]
+    assert terms("moved, moving, moves") == ["mov"] and terms("I worked") == terms("my work") == ["work"]
+    assert terms("Sorry, quick question: hmm, okay, my sister?") == ["sister"]
+    assert "grew" in refresh.query_words("Where did I grow up?")  # the index is asked for every form
+
+
+def test_one_rare_shared_word_will_do_when_none_shares_two() -> None:
+    cands = [Candidate(1, "user", "Ugh, I have to see the dentist on May 3.", distance=900),
+             Candidate(2, "user", "What a day it was, a long day.", distance=800),
+             Candidate(3, "assistant", "Have a good day.", distance=700)]
+    assert pick("What day is my dentist appointment?", cands) == [1]  # "day" is common here, "dentist" rare
+    cands.append(Candidate(4, "user", "The dentist appointment is on June 9.", distance=600))
+    assert pick("What day is my dentist appointment?", cands) == [4]  # two shared words: the strict pass
 
 
 def test_only_faded_relevant_turns_are_recalled_oldest_first() -> None:
