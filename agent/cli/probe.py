@@ -124,6 +124,49 @@ def run(
         _record(settings, report)
 
 
+@app.command("natural")
+def natural(
+    model: str = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'."),
+    distances: str = typer.Option("0,256,512,1024,2048", "--distances", help="Comma-separated token distances, e.g. 0,256,512,2048."),
+    trials: int = typer.Option(16, "--trials", help="Conversations per distance (spread over the concepts)."),
+    refresh: str = typer.Option("both", "--refresh", help="Recall refresh: off | on | both (one row each per distance)."),
+    seed: int = typer.Option(0, "--seed", help="Seed mixed into every conversation's hash."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)"),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the report JSON here."),
+) -> None:
+    """Recall of everyday details stated and asked in held-out natural phrasings, and how
+    often a detail never given is answered "not told"; refresh off and on in one run."""
+    from agent.probes.natural import render as render_natural
+    from agent.probes.natural import run_natural
+    from agent.textsafe import json_for_terminal
+
+    try:
+        ds = [int(x) for x in distances.split(",") if x.strip()]
+    except ValueError:
+        raise _fail(f"bad --distances {distances!r}; give token counts like 0,256,512") from None
+    if not ds or any(d < 0 for d in ds):
+        raise _fail(f"bad --distances {distances!r}; give token counts >= 0 like 0,256,512")
+    if trials < 1:
+        raise _fail("--trials must be at least 1")
+    if refresh not in ("off", "on", "both"):
+        raise _fail(f"unknown --refresh {refresh!r}; choose off, on or both")
+    settings = Settings.from_env()
+    _threads(threads)
+    loaded, dev = _load(model, device or settings.device, settings)
+    t0 = time.perf_counter()
+    report = run_natural(loaded, distances=ds, trials=trials, refresh=refresh, seed=seed, device=dev)
+    report["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    typer.echo(json_for_terminal(report) if as_json else render_natural(report) + f"\ntime   {report['elapsed_s']} s")
+    if out is not None:
+        try:
+            out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"cannot write {out}: {exc.strerror or exc}") from None
+        typer.echo(f"json   {out}", err=True)
+
+
 def _record(settings: Settings, report: dict[str, Any]) -> None:
     from sessions import SessionError, SessionStore
 

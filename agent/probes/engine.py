@@ -201,3 +201,14 @@ def greedy_answer(model: LaplaceModel, state: RecurrentState, prompt: Sequence[i
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.embed.weight.device)
     logits, after = model(ids, state, last_only=True)
     return _greedy_rows(model, logits[:, -1], after, [n], stop_ids)[0]
+
+
+@torch.inference_mode()
+def greedy_rows(model: LaplaceModel, state: RecurrentState, prompts: Sequence[Sequence[int]], n: int,
+                stop_ids: Sequence[int] = ()) -> list[list[int]]:
+    """`greedy_answer` for every batch row of `state`, each row with its own prompt (their
+    lengths may differ); `state` is left unchanged."""
+    logits, after = advance_rows(model, state, prompts)
+    if logits is None:
+        raise ValueError("every row needs a non-empty prompt")
+    return _greedy_rows(model, logits, after, [n] * len(prompts), stop_ids)

@@ -156,3 +156,16 @@ def make_value(rng: random.Random, kind: str, pools: dict[str, tuple[str, ...]] 
 def says_not_told(reply: str) -> bool:
     """Whether `reply` says the detail was never given."""
     return bool(NOT_TOLD.search(reply))
+
+
+def say(phrasing: str, value: str) -> str:
+    """A phrasing with its value in place of {v}, its first letter upper case (a value can
+    open the sentence: "{v} has always been my favorite color.")."""
+    s = phrasing.replace("{v}", value)
+    return s[:1].upper() + s[1:]
+
+
+def mentions(reply: str, value: str) -> bool:
+    """Whether `reply` holds `value` as a whole word or number, ignoring case: "Vera" is in
+    "your sister is vera.", "12" is not in "level 123"."""
+    return re.search(r"(?<![0-9A-Za-z])" + re.escape(value) + r"(?![0-9A-Za-z])", reply, re.I) is not None

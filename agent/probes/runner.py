@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -191,21 +191,11 @@ class SuiteRunner:
 
     def _recall_block(self, sample: Sample, pieces: list[Piece], d: int) -> tuple[list[int], bool]:
         """The recall block chat would fold before this question, `d` filler tokens after
-        the plant (same rule: `agent.refresh.select`), and whether it repeats the answer.
-        Turns are numbered in stream order, so a larger id is a more recent turn."""
-        tok, template = self.loaded.tokenizer, self.loaded.template
-        cands, left = [], sum(n for _, _, n in sample.said)
-        for i, (role, body, n) in enumerate(sample.said):
-            left -= n
-            cands.append(recall.Candidate(i, role, body, d + left))
-        base = len(cands)
-        cands += [recall.Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
-        chosen = recall.select(sample.asked, cands, horizon=self.horizon, budget=self.refresh_tokens,
-                               count=lambda t: len(template.message(tok, recall.BLOCK_ROLE, t)))
-        if not chosen:
-            return [], False
-        hit = any(r.turn_id < base and sample.answer in r.line for r in chosen)
-        return template.message(tok, recall.BLOCK_ROLE, recall.render(chosen)), hit
+        the plant, and whether it repeats the answer."""
+        ids, chosen = recall_block(self.loaded, sample.asked, sample.said, pieces, d,
+                                   horizon=self.horizon, budget=self.refresh_tokens)
+        hit = any(r.turn_id < len(sample.said) and sample.answer in r.line for r in chosen)
+        return ids, hit
 
     def _state_metrics(self, out: Outcome, s: Suite, filler: Filler, distances: list[int], deadline: Deadline) -> None:
         rng = _stream_rng(self.seed, s.name, "passkey", filler.name, 0)
@@ -242,6 +232,28 @@ class SuiteRunner:
                     if n < s.trials:
                         out.skipped.append({"probe": probe, "filler": fname, "distance": d,
                                             "what": f"{s.trials - n} of {s.trials} trials", "reason": "deadline"})
+
+
+def recall_block(loaded: LoadedModel, asked: str, said: Sequence[tuple[str, str, int]], pieces: Sequence[Piece], d: int,
+                 *, horizon: int, budget: int) -> tuple[list[int], list[recall.Recalled]]:
+    """The recall block chat would fold before `asked` (same rule: `agent.refresh.select`)
+    and the turns it repeats. `said` are the turns before the filler as (role, text, token
+    count); `pieces` the filler's, of which those ending by token `d` (the question's
+    position) count. Turns are numbered in stream order, `said` first, so an id below
+    len(said) is one of them and a larger id is a more recent turn. ([], []) when nothing
+    qualifies."""
+    tok, template = loaded.tokenizer, loaded.template
+    cands, left = [], sum(n for _, _, n in said)
+    for i, (role, body, n) in enumerate(said):
+        left -= n
+        cands.append(recall.Candidate(i, role, body, d + left))
+    base = len(cands)
+    cands += [recall.Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
+    chosen = recall.select(asked, cands, horizon=horizon, budget=budget,
+                           count=lambda t: len(template.message(tok, recall.BLOCK_ROLE, t)))
+    if not chosen:
+        return [], []
+    return template.message(tok, recall.BLOCK_ROLE, recall.render(chosen)), chosen
 
 
 def run_suite(loaded: LoadedModel, suite: Suite, *, budget_s: float | None = None, seed: int = 0,
