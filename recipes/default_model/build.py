@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import shutil
 import time
 from pathlib import Path
@@ -39,7 +40,9 @@ from agent.runtime.tokenizer import ChatTemplate
 from recipes.default_model import data as rdata
 from recipes.default_model import keys
 from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
-from recipes.default_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, Stage, scaled
+from recipes.default_model.natural import NaturalBuilder
+from recipes.default_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, KeyDrills, Natural, Stage, scaled
+from recipes.default_model.vocab import TRAIN
 from recipes.default_model.recall_eval import end_of_turn, evaluate
 from recipes.default_model.train import held_out_perplexity, log, train_stage
 from recipes.default_model.worlds import world
@@ -78,9 +81,16 @@ class Build:
         if folder.exists():
             shutil.rmtree(folder)
         seed, d = self.args.seed + stage.seed, stage.data
-        if not isinstance(d, Chat):
+        if isinstance(d, KeyDrills):
             return {"block": stage.name.split(".")[-1], **keys.write_block(folder, d, seed=seed, steps=stage.n_steps, lm=lm, train=self.train_p),
                     "keys": d.keys}
+        if isinstance(d, Natural):
+            info = keys.write_block(folder, d.rest, seed=seed, steps=max(1, round(stage.n_steps * (1 - d.share))), lm=lm, train=self.train_p)
+            builder = NaturalBuilder(rdata.make_builder(TRAIN, self.train_p, lm.tokenizer, lm.template))
+            n = math.ceil(stage.n_steps * BATCH_TOKENS * d.share / d.spec.length * 1.05)
+            info["natural_tokens"] = rdata.write_dialogues(folder / "a_natural.jsonl", builder, random.Random(seed * 1000 + 6), d.spec, n,
+                                                           lm.tokenizer, lm.template)
+            return {"block": stage.name.split(".")[-1], **info, **builder.stats}
         n = self.dialogues(stage)
         if d.world not in self._worlds:
             self._worlds[d.world] = world(d.world, self.train_p)
@@ -115,15 +125,21 @@ class Build:
         work.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(args.threads)
         log(f"corpus: {len(self.train_p)} train passages, {len(self.held_p)} held-out passages; {len(self.plan)} stages")
-        tok = rdata.train_tokenizer(self.train_p, args.seed, VOCAB)
-        config = PRESETS["tiny"].replace(vocab_size=VOCAB) if args.tiny else MODEL
-        init = LoadedModel(build_model(config, seed=args.seed), tok, ChatTemplate(), name="laplace-default-init",
-                           card={"name": "laplace-default-init", "trained": False})
-        save_model_dir(init, work / "init")
         rdata.write_text(work / "heldout" / "heldout_text.jsonl", self.held_p)
-        model_dir, base_dir, run = work / "init", work / "init", work / "init"
+        if args.from_model:  # continue a model already trained through the stages before --first-stage
+            model_dir = Path(args.from_model)
+        else:
+            tok = rdata.train_tokenizer(self.train_p, args.seed, VOCAB)
+            config = PRESETS["tiny"].replace(vocab_size=VOCAB) if args.tiny else MODEL
+            init = LoadedModel(build_model(config, seed=args.seed), tok, ChatTemplate(), name="laplace-default-init",
+                               card={"name": "laplace-default-init", "trained": False})
+            save_model_dir(init, work / "init")
+            model_dir = work / "init"
+        base_dir = run = model_dir
         base = load_model_dir(base_dir)
-        for stage in self.plan:
+        names = [s.name for s in self.plan]
+        first = names.index(args.first_stage) if args.first_stage else 0
+        for stage in self.plan[first:]:
             if not stage.resume:  # a fresh run from the last stage's model
                 base_dir, run = model_dir, work / "runs" / stage.name
                 base = load_model_dir(base_dir)
@@ -175,6 +191,9 @@ class Build:
         p5 = [e for e in h if e["phase"] == 5]
         if p5:
             out["phase5"] = {"steps": sum(e["steps"][1] for e in p5), **{e["block"]: e["steps"][1] for e in p5}}
+        p6 = [e for e in h if e["phase"] == 6]
+        if p6:
+            out["phase6"] = {"steps": sum(e["steps"][1] for e in p6), **{e["block"]: e["steps"][1] for e in p6}}
         return out
 
     def finish(self, model_dir: Path) -> None:
@@ -206,8 +225,19 @@ class Build:
             "eval": {"heldout_recall": recall, "end_of_turn": {k: v for k, v in eot.items() if k != "samples"},
                      "heldout_text_perplexity": round(ppl, 3)},
         }
+        if args.from_model:  # the earlier stages' record stays; this run's stages are added to it
+            before = load_model_dir(args.from_model).card
+            card = {**before, **self.summary(), "stages": self.history, "eval": card["eval"],
+                    "recipe": f"{card['recipe']} (phases 1-5), then --from-model DIR --first-stage {args.first_stage}",
+                    "training_steps": before.get("training_steps", 0) + steps,
+                    "training_tokens": before.get("training_tokens", 0) + steps * BATCH_TOKENS,
+                    "data": {"phases 1-5": before.get("data"),
+                             "phase6": "plain-speech dialogues (recipes/default_model/natural.py) with paraphrases and everyday "
+                                       "replies written by SmolLM2-135M-Instruct (Apache-2.0), cached in natural_cache.json"}}
         out = Path(args.out)
         save_model_dir(lm, out, card=card)
+        if args.from_model and (Path(args.from_model) / "training_log.json").exists():  # card.py adds this run's stages to it
+            shutil.copy(Path(args.from_model) / "training_log.json", out / "training_log.json")
         (self.work / "eval.json").write_text(json.dumps({"recall": recall, "end_of_turn": eot, "ppl": ppl}, indent=2), encoding="utf-8")
         log(f"wrote {out} ({(out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
 
@@ -225,11 +255,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every stage's steps and data (smoke runs); 1: the plan")
     ap.add_argument("--tiny", action="store_true", help="the tiny preset's widths instead of the default model's (smoke runs)")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (baseline.py)")
+    ap.add_argument("--from-model", default=None, metavar="DIR",
+                    help="start from this model (trained through the stages before --first-stage) instead of a new one")
+    ap.add_argument("--first-stage", default=None, metavar="NAME", help="with --from-model: the first stage to run (e.g. p6.natural512)")
     args = ap.parse_args(argv)
     names = [s.name for s in PLAN]
     if args.stop_after_stage is not None and args.stop_after_stage not in names:
         ap.error(f"--stop-after-stage: no stage {args.stop_after_stage!r} in the plan; stages: {names[0]} ... {names[-1]} "
                  f"(list them with: python -c 'from recipes.default_model.plan import PLAN; print([s.name for s in PLAN])')")
+    for flag, name in (("--first-stage", args.first_stage),):
+        if name is not None and name not in names:
+            ap.error(f"{flag}: no stage {name!r} in the plan; stages: {names[0]} ... {names[-1]}")
+    if (args.from_model is None) != (args.first_stage is None):
+        ap.error("--from-model and --first-stage go together: the model must be trained through the stages before the first one")
+    if args.first_stage is not None and PLAN[names.index(args.first_stage)].resume:
+        ap.error(f"--first-stage {args.first_stage} continues the run before it; start at the first stage of a run instead")
     if not args.steps_scale > 0:
         ap.error(f"--steps-scale must be positive, got {args.steps_scale}")
     for name in ("threads", "eval_trials"):

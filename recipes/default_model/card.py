@@ -44,10 +44,15 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     detail = {k: card.pop(k) for k in ("stages", "eval", "schedule_shortened") if k in card}
     if isinstance(card.get("curriculum"), list):
         detail["curriculum"] = card.pop("curriculum")
+    log_path = model_dir / "training_log.json"
     if "stages" in detail:  # first run on a fresh recipe output; later runs reuse the file
-        (model_dir / "training_log.json").write_text(json.dumps(detail, indent=2, default=str), encoding="utf-8")
+        if log_path.exists() and detail["stages"] and detail["stages"][0].get("phase", 1) > 1:
+            # A run continued with --from-model: its stages follow the record it came with.
+            before = json.loads(log_path.read_text(encoding="utf-8"))
+            detail = {**before, **detail, "stages": before["stages"] + detail["stages"]}
+        log_path.write_text(json.dumps(detail, indent=2, default=str), encoding="utf-8")
     else:
-        detail = json.loads((model_dir / "training_log.json").read_text(encoding="utf-8"))
+        detail = json.loads(log_path.read_text(encoding="utf-8"))
     if isinstance(card.get("data"), dict):
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
@@ -58,6 +63,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
     phase2 = [h for h in stages if h.get("phase") == 2]
     phase3 = next((h for h in reversed(stages) if h.get("phase") == 3), None)
     phase5 = [h for h in stages if h.get("phase") == 5]
+    phase6 = [h for h in stages if h.get("phase") == 6]
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
         card["go_no_go"] = given["card"].get("go_no_go")
@@ -107,6 +113,11 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')])}, "
             f"rows of {h['rows']}, "
             f"lr {h['lr']:g} (WSD): " + last(h) for h in phase5)
+    if phase6:
+        card["curriculum_phase6"] = "; ".join(
+            f"{h['steps'][1]} steps of rows of {h['rows']}: {h['data']['natural_tokens'] / 1e6:.2f} M tokens of plain-speech dialogues "
+            f"({h['data'].get('facts', 0)} details, {h['data'].get('questions', 0)} questions, {h['data'].get('never', 0)} never stated, "
+            f"{h['data'].get('updates', 0)} updates) beside phase-5 rows, lr {h['lr']:g} (WSD)" for h in phase6)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

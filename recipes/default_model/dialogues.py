@@ -241,7 +241,7 @@ class Builder:
 
     # ---- unrelated chat ---------------------------------------------------------------
 
-    def _passage_reply(self, rng: random.Random, max_words: int = 60) -> tuple[str, str]:
+    def passage_reply(self, rng: random.Random, max_words: int = 60) -> tuple[str, str]:
         p = rng.choice(self.passages)
         subject = f"the {p.module} module" if p.name == "module" else f"{p.name} in {p.module}"
         sents = sentences(p.text) or [p.text]
@@ -262,7 +262,7 @@ class Builder:
         if rng.random() < (spec.small_talk if spec else 0.4):
             u, a = rng.choice(talk)
             return [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
-        subject, reply = self._passage_reply(rng, spec.filler_words if spec else 60)
+        subject, reply = self.passage_reply(rng, spec.filler_words if spec else 60)
         return [{"role": "user", "content": rng.choice(topics).format(thing=subject)}, {"role": "assistant", "content": reply}]
 
     def document(self, rng: random.Random, facts: list[Fact]) -> Message:
@@ -423,7 +423,7 @@ class Builder:
                 asked_name = True
             msgs += new
             pos += sum(self.count(m) for m in new)
-        msgs.append(self._pad(rng, spec.length - pos))
+        msgs.append(self.pad(rng, spec.length - pos))
         return msgs
 
     def key_drill(self, rng: random.Random, spec: DialogueSpec) -> list[Message]:
@@ -518,10 +518,10 @@ class Builder:
                 break
         if msgs[-1]["role"] == "user":  # never end on an unanswered question
             pos -= self.count(msgs.pop())
-        msgs.append(self._pad(rng, spec.length - pos))
+        msgs.append(self.pad(rng, spec.length - pos))
         return msgs
 
-    def _pad(self, rng: random.Random, n: int) -> Message:
+    def pad(self, rng: random.Random, n: int) -> Message:
         """A closing user message of exactly `n` tokens (its tokens are never targets)."""
         words = ["Okay"]
         msg = {"role": "user", "content": "Okay"}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from agent.runtime.config import LaplaceConfig
 from recipes.default_model.dialogues import DialogueSpec
+from recipes.default_model.natural import NaturalSpec
 
 VOCAB = 3072
 MODEL = LaplaceConfig(
@@ -71,6 +72,17 @@ class KeyDrills:
 
 
 @dataclass(frozen=True)
+class Natural:
+    """Phase 6's rows: plain-speech dialogues (`natural.NaturalBuilder`, `spec`) for
+    `share` of the stage's tokens, and the rest a phase-5 block (`rest`), so the older
+    skills keep being trained while the new ones are learned."""
+
+    spec: NaturalSpec
+    share: float
+    rest: KeyDrills
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Warmup then WSD: flat at `lr`, then a linear decay over the last `decay` share of
     `total` steps."""
@@ -91,7 +103,7 @@ class Stage:
 
     name: str
     phase: int
-    data: Chat | KeyDrills
+    data: Chat | KeyDrills | Natural
     seed: int
     steps: tuple[int, int]
     schedule: Schedule
@@ -103,7 +115,7 @@ class Stage:
 
     @property
     def rows(self) -> int:
-        return self.data.spec.length if isinstance(self.data, Chat) else self.data.drill.length
+        return self.data.drill.length if isinstance(self.data, KeyDrills) else self.data.spec.length
 
     @property
     def n_steps(self) -> int:
@@ -205,7 +217,25 @@ def _phase5() -> list[Stage]:
     ]
 
 
-PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5())
+# Phase 6: everyday details in plain speech, everyday questions with fluent replies.
+NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)
+NATURAL1024 = NaturalSpec(length=1024, gap_min=32, gap_max=900, max_live=6)
+
+
+def _phase6() -> list[Stage]:
+    def sched(total: int) -> Schedule:
+        return Schedule(lr=1e-3, warmup=20, total=total, decay=0.3)
+
+    return [
+        Stage("p6.natural512", 6, Natural(NATURAL512, 0.6, KeyDrills(KEY_DRILL, shares=MIX, rows3=ROWS3)), 6161, (0, P6_STEPS[0]),
+              sched(P6_STEPS[0])),
+        Stage("p6.natural1024", 6, Natural(NATURAL1024, 0.6, KeyDrills(LONG_DRILL, shares=MIX, rows3=LONG_ROWS3)), 6262,
+              (0, P6_STEPS[1]), sched(P6_STEPS[1])),
+    ]
+
+
+P6_STEPS = (1800, 900)
+PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5(), *_phase6())
 
 
 def scaled(plan: tuple[Stage, ...], factor: float) -> tuple[Stage, ...]:

@@ -17,10 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from agent.probes.natural_text import CONCEPTS
 from agent.train.data import IGNORE_INDEX
 from agent.train.loop import Trainer
 
-ANSWER = re.compile(r"^(The [^.]+ for the [^.]+ is .+|Your [^.]+ is .+|You haven't told me .+)$")
+# Phase 6's answers about everyday details ("You parked on level 4.") count as recall
+# answers too; none of them is a reply the earlier phases' data holds.
+_NATURAL = "|".join(re.escape(c.answer).replace(re.escape("{v}"), ".+") for c in CONCEPTS)
+ANSWER = re.compile(rf"^(The [^.]+ for the [^.]+ is .+|Your [^.]+ is .+|You haven't told me .+|{_NATURAL})$")
 
 
 class WeightedTrainer(Trainer):
