@@ -16,9 +16,10 @@ The rule, in order:
    the message has one or two content words, else two; when no turn shares two, one
    sharing the message's rarest word among the candidates will do: "What day is my
    dentist appointment?" finds "I see the dentist on May 3."), and is not superseded: a
-   later turn of the same role, not a question, sharing the same words or more (a code
-   stated, then updated: only the update counts; if it is within the horizon, nothing is
-   recalled);
+   later turn of the same role, not a question, sharing the same words or more, two at
+   least (a code stated, then updated: only the update counts; if it is within the
+   horizon, nothing is recalled; one word in common, like "moving" in later chat, is no
+   sign of an update);
 3. each eligible turn is cut down to its sentences sharing the most words with the
    message (left out if those are all questions: an earlier "what is my code?" holds
    no answer), and scored by the summed rarity (idf over the candidates) of the words it shares;
@@ -177,7 +178,8 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
         shared = qset & set(terms(c.text))
         if c.distance <= horizon or len(shared) < enough:
             return None
-        if any(d < c.distance and role == c.role and words >= shared for d, role, words in said):
+        # (Two words at least: one common word in later chat is no sign of an update.)
+        if any(d < c.distance and role == c.role and words >= shared and len(words) >= 2 for d, role, words in said):
             return None
         line = _relevant_part(c.text, qset)
         return None if _is_question(line) else (shared, line)  # an earlier question carries no answer

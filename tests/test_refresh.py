@@ -117,3 +117,13 @@ def test_earlier_questions_are_not_recalled() -> None:
              Candidate(3, "user", "Do you know my locker code? And the gym one?", 500)]
     chosen = select("What is my locker code?", cands, horizon=100, budget=200, count=words)
     assert [(r.turn_id, r.line) for r in chosen] == [(1, "My locker code is 48213.")]
+
+
+def test_one_word_in_later_chat_does_not_supersede_a_statement() -> None:
+    cands = [Candidate(1, "user", "Big news: we're moving to Krakow in the spring.", distance=2000),
+             Candidate(2, "user", "The silver badge moves every vault.", distance=300)]  # within the horizon
+    assert pick("Where am I moving to?", cands, horizon=512) == [1]
+    # Two shared words or more do: the hotel room, then the room it was changed to.
+    cands = [Candidate(1, "user", "My hotel room is 512.", distance=2000),
+             Candidate(2, "user", "Actually, the hotel moved me to room 604.", distance=300)]
+    assert pick("Which room am I in at the hotel?", cands, horizon=512) == []
