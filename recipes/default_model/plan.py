@@ -217,24 +217,24 @@ def _phase5() -> list[Stage]:
     ]
 
 
-# Phase 6: everyday details in plain speech, everyday questions with fluent replies.
+# Phase 6: everyday details in plain speech, everyday questions with fluent replies; then
+# made-up values (so values are copied, not picked from a pool) and the recall block.
 NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)
-NATURAL1024 = NaturalSpec(length=1024, gap_min=32, gap_max=900, max_live=6)
+WIDE512 = NaturalSpec(length=512, gap_min=0, gap_max=450, made_up=0.6, recall_block=0.5)
+P6_STEPS = (1800, 1200)
 
 
 def _phase6() -> list[Stage]:
     def sched(total: int) -> Schedule:
         return Schedule(lr=1e-3, warmup=20, total=total, decay=0.3)
 
+    rest = KeyDrills(KEY_DRILL, shares=MIX, rows3=ROWS3)
     return [
-        Stage("p6.natural512", 6, Natural(NATURAL512, 0.6, KeyDrills(KEY_DRILL, shares=MIX, rows3=ROWS3)), 6161, (0, P6_STEPS[0]),
-              sched(P6_STEPS[0])),
-        Stage("p6.natural1024", 6, Natural(NATURAL1024, 0.6, KeyDrills(LONG_DRILL, shares=MIX, rows3=LONG_ROWS3)), 6262,
-              (0, P6_STEPS[1]), sched(P6_STEPS[1])),
+        Stage("p6.natural512", 6, Natural(NATURAL512, 0.6, rest), 6161, (0, P6_STEPS[0]), sched(P6_STEPS[0])),
+        Stage("p6.wide512", 6, Natural(WIDE512, 0.7, rest), 6262, (0, P6_STEPS[1]), sched(P6_STEPS[1])),
     ]
 
 
-P6_STEPS = (1800, 900)
 PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5(), *_phase6())
 
 

@@ -56,7 +56,7 @@ def rows() -> list[list[dict[str, str]]]:
     nb = NaturalBuilder(make_builder(TRAIN, passages, lm.tokenizer, lm.template))
     rng = random.Random(0)
     out = []
-    for spec in (NaturalSpec(length=512, gap_min=0, gap_max=450), NaturalSpec(length=1024, gap_min=32, gap_max=900, max_live=6)):
+    for spec in (NaturalSpec(length=512, gap_min=0, gap_max=450), NaturalSpec(length=512, gap_min=0, gap_max=450, made_up=0.6, recall_block=0.5)):
         for _ in range(12):
             msgs = nb.dialogue(rng, spec)
             ids = sum((lm.template.message(lm.tokenizer, m["role"], m["content"], first=i == 0) for i, m in enumerate(msgs)), [])
@@ -97,3 +97,29 @@ def test_everyday_replies_fill_the_chat_between(rows) -> None:  # type: ignore[n
     replies = [m["content"] for msgs in rows for m in msgs if m["role"] == "assistant"]
     assert sum(r in everyday for r in replies) > len(replies) // 4
     assert sum(r in ACKS for r in replies) > 0
+
+
+def test_recall_blocks_repeat_the_latest_statement_as_chat_would_fold_it(rows) -> None:  # type: ignore[no-untyped-def]
+    from agent import refresh
+
+    blocks = 0
+    for msgs in rows:
+        answers = {i: (c, v) for i, c, v in _answers(msgs)}
+        for i, m in enumerate(msgs):
+            if m["role"] != refresh.BLOCK_ROLE or not m["content"].startswith(refresh.HEADER):
+                continue
+            blocks += 1
+            assert msgs[i + 1]["role"] == "user" and msgs[i + 2]["role"] == "assistant"  # right before a question
+            if i + 2 in answers:  # a stated detail: the block holds the value the answer gives
+                assert answers[i + 2][1] in m["content"]
+    assert blocks > 5
+
+
+def test_made_up_values_are_words_and_never_the_probes() -> None:
+    from recipes.default_model.natural import made_up_word, train_value
+
+    rng = random.Random(0)
+    held = {v.lower() for pool in HELDOUT_VALUES.values() for v in pool}
+    words = [made_up_word(rng) for _ in range(2000)]
+    assert not set(words) & held and len(set(words)) > 1000
+    assert train_value(random.Random(1), "person", 1.0)[0].isupper() and train_value(random.Random(1), "num3", 1.0).isdigit()
