@@ -41,7 +41,8 @@ from recipes.default_model import data as rdata
 from recipes.default_model import keys
 from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
 from recipes.default_model.natural import NaturalBuilder
-from recipes.default_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, KeyDrills, Natural, Stage, scaled
+from recipes.default_model.plan import (BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, STAGE_LISTS, VOCAB, Chat, KeyDrills, Natural, Stage,
+                                        scaled)
 from recipes.default_model.vocab import TRAIN
 from recipes.default_model.recall_eval import end_of_turn, evaluate
 from recipes.default_model.train import held_out_perplexity, log, train_stage
@@ -255,11 +256,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every stage's steps and data (smoke runs); 1: the plan")
     ap.add_argument("--tiny", action="store_true", help="the tiny preset's widths instead of the default model's (smoke runs)")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (baseline.py)")
+    ap.add_argument("--stages", choices=sorted(STAGE_LISTS), default="plan",
+                    help="plan: the shipped model's stages; natural: those, then phase 6 (tried, not shipped)")
     ap.add_argument("--from-model", default=None, metavar="DIR",
                     help="start from this model (trained through the stages before --first-stage) instead of a new one")
-    ap.add_argument("--first-stage", default=None, metavar="NAME", help="with --from-model: the first stage to run (e.g. p6.natural512)")
+    ap.add_argument("--first-stage", default=None, metavar="NAME", help="with --from-model: the first stage to run (e.g. p6.natural512 with --stages natural)")
     args = ap.parse_args(argv)
-    names = [s.name for s in PLAN]
+    stages = STAGE_LISTS[args.stages]
+    names = [s.name for s in stages]
     if args.stop_after_stage is not None and args.stop_after_stage not in names:
         ap.error(f"--stop-after-stage: no stage {args.stop_after_stage!r} in the plan; stages: {names[0]} ... {names[-1]} "
                  f"(list them with: python -c 'from recipes.default_model.plan import PLAN; print([s.name for s in PLAN])')")
@@ -268,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"{flag}: no stage {name!r} in the plan; stages: {names[0]} ... {names[-1]}")
     if (args.from_model is None) != (args.first_stage is None):
         ap.error("--from-model and --first-stage go together: the model must be trained through the stages before the first one")
-    if args.first_stage is not None and PLAN[names.index(args.first_stage)].resume:
+    if args.first_stage is not None and stages[names.index(args.first_stage)].resume:
         ap.error(f"--first-stage {args.first_stage} continues the run before it; start at the first stage of a run instead")
     if not args.steps_scale > 0:
         ap.error(f"--steps-scale must be positive, got {args.steps_scale}")
@@ -280,7 +284,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    build = Build(args, scaled(PLAN, args.steps_scale))
+    build = Build(args, scaled(STAGE_LISTS[args.stages], args.steps_scale))
     build.finish(build.run())
     if args.baseline:
         from recipes.default_model.baseline import run_baseline

@@ -217,8 +217,10 @@ def _phase5() -> list[Stage]:
     ]
 
 
-# Phase 6: everyday details in plain speech, everyday questions with fluent replies; then
-# made-up values (so values are copied, not picked from a pool) and the recall block.
+# Phase 6 (tried, not shipped: docs/recipe-experiments.md): everyday details in plain
+# speech, everyday questions with fluent replies; then made-up values (so values are
+# copied, not picked from a pool) and the recall block. `build.py --stages natural` runs
+# the plan with it; the shipped model is PLAN's.
 NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)
 WIDE512 = NaturalSpec(length=512, gap_min=0, gap_max=450, made_up=0.6, recall_block=0.5)
 P6_STEPS = (1800, 1200)
@@ -235,7 +237,9 @@ def _phase6() -> list[Stage]:
     ]
 
 
-PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5(), *_phase6())
+PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5())
+NATURAL_TRIAL: tuple[Stage, ...] = (*PLAN, *_phase6())
+STAGE_LISTS = {"plan": PLAN, "natural": NATURAL_TRIAL}
 
 
 def scaled(plan: tuple[Stage, ...], factor: float) -> tuple[Stage, ...]:

@@ -17,7 +17,7 @@ import pytest
 from agent.runtime.checkpoint import load_model_dir
 from recipes.default_model.build import Build, main
 from recipes.default_model.corpus import Passage
-from recipes.default_model.plan import DRILL, PLAN, Chat, KeyDrills, Natural, scaled
+from recipes.default_model.plan import DRILL, NATURAL_TRIAL, PLAN, Chat, KeyDrills, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "agent" / "models" / "default"
@@ -78,8 +78,6 @@ def test_every_stage_is_the_logged_one_its_steps_rows_and_data() -> None:
             shown = (d["length"], d["gap"], d["stage"], d["dialogues"])
             n = Build.dialogues(s)
             assert shown == (s.rows, [s.data.spec.gap_min, s.data.spec.gap_max], s.data.stream, n), s.name
-        elif isinstance(s.data, Natural):  # plain-speech rows beside a phase-5 block
-            assert (h["block"], h["rows"], h["data"]["natural_tokens"] > 0) == (s.name.split(".")[1], s.rows, True), s.name
         else:
             assert (h["block"], h["rows"], h["focus"], h["focus_only"], h["data"]["keys"]) == (
                 s.name.split(".")[1], s.rows, list(s.focus), s.focus_only, "fragment" if s.data.keys == "phase2" else s.data.keys), s.name
@@ -106,7 +104,7 @@ def test_each_kind_of_stage_writes_the_same_data_for_the_same_seed(tmp_path: Pat
     monkeypatch.setattr(data, "wide_text", lambda train: list(train))
     lm = load_model_dir(DEFAULT)
     kinds = {}
-    for s in scaled(PLAN, 1e-9):  # one step each
+    for s in scaled(NATURAL_TRIAL, 1e-9):  # one step each; the plan and the phase 6 tried after it
         kinds.setdefault(s.name.split(".")[-1] if s.phase == 2 else s.name, s)  # phase 2's cycles differ by seed only
     assert len(kinds) == 11 + 5 + 1 + 4 + 2
     for seed in (0, 1):
@@ -148,7 +146,8 @@ def test_the_recipe_has_no_import_cycle_and_the_package_never_imports_it() -> No
     (["--stop-after-stage", "p4.bridge"], "--stop-after-stage: no stage 'p4.bridge' in the plan"),
     (["--steps-scale", "0"], "--steps-scale must be positive"),
     (["--eval-trials", "0"], "--eval-trials must be >= 1"),
-    (["--first-stage", "p6.natural512"], "--from-model and --first-stage go together"),
+    (["--first-stage", "p3"], "--from-model and --first-stage go together"),
+    (["--first-stage", "p6.natural512"], "--first-stage: no stage 'p6.natural512' in the plan"),  # only with --stages natural
     (["--from-model", "x", "--first-stage", "p1.drill1"], "--first-stage p1.drill1 continues the run before it"),
     (["--from-model", "x", "--first-stage", "p9"], "--first-stage: no stage 'p9' in the plan"),
     ([], "the following arguments are required: --out"),
@@ -175,5 +174,4 @@ def test_a_smoke_build_of_the_whole_plan_writes_a_loadable_model_with_its_card(t
     by_name = {h["name"]: h for h in card["stages"]}
     last_cycle = [h for h in card["stages"] if h["phase"] == 2][-2]  # the block before the polish
     assert card["phase5"]["bind"] == 1 and "validation" in last_cycle and "checks" in by_name["p5.long"]
-    assert card["phase6"]["natural512"] == 2
     assert card["recipe"] == "python -m recipes.default_model.build --seed 0"
