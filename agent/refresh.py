@@ -22,7 +22,8 @@ The rule, in order:
    sign of an update);
 3. each eligible turn is cut down to its sentences sharing the most words with the
    message (left out if those are all questions: an earlier "what is my code?" holds
-   no answer), and scored by the summed rarity (idf over the candidates) of the words it shares;
+   no answer; nor does an earlier "You haven't told me your name."), and scored by the
+   summed rarity (idf over the candidates) of the words it shares;
 4. the best are taken while the whole block, template tokens included, stays within
    `budget` tokens; ties go to the more recent turn (after an update, the new value);
 5. the block lists them oldest first, under a header that says what it is.
@@ -49,6 +50,7 @@ ROLE_LABELS = {"user": "User", "assistant": "Assistant", "document": "Document",
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_NOT_TOLD = re.compile(r"haven'?t told|have not told|didn'?t tell|did not tell|never told", re.I)
 STOP_WORDS = frozenset("""
 a about above after again all also am an and any are as at be been before being but by can could did do does
 doing done for from had has have having he her here hers him his how i if in into is it its itself just know
@@ -182,7 +184,8 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
         if any(d < c.distance and role == c.role and words >= shared and len(words) >= 2 for d, role, words in said):
             return None
         line = _relevant_part(c.text, qset)
-        return None if _is_question(line) else (shared, line)  # an earlier question carries no answer
+        # An earlier question carries no answer, nor an earlier "you haven't told me".
+        return None if _is_question(line) or _NOT_TOLD.search(line) else (shared, line)
 
     found = [(c, e) for c in pool if (e := eligible(c, need))]
     if not found and need > 1 and df:  # nothing shares two words: one sharing the rarest will do

@@ -127,3 +127,9 @@ def test_one_word_in_later_chat_does_not_supersede_a_statement() -> None:
     cands = [Candidate(1, "user", "My hotel room is 512.", distance=2000),
              Candidate(2, "user", "Actually, the hotel moved me to room 604.", distance=300)]
     assert pick("Which room am I in at the hotel?", cands, horizon=512) == []
+
+
+def test_an_earlier_not_told_reply_is_never_recalled() -> None:
+    cands = [Candidate(1, "user", "My sister Vera is visiting me next week.", distance=2000),
+             Candidate(2, "assistant", "You haven't told me your sister's name.", distance=1500)]
+    assert pick("What's my sister's name?", cands, horizon=512) == [1]
