@@ -18,6 +18,10 @@ usual) and `--steps-scale F` scales every stage's steps (and data) by F: with `-
 (the tiny preset's widths) they make a smoke run of the whole plan in minutes.
 `--baseline` also trains the softmax transformer of the same widths on the first stage's
 rows for its steps and compares held-out perplexity at equal tokens (baseline.py).
+`--stages natural` runs the plan followed by phase 6, the plain-speech trial that did not
+ship (docs/recipe-experiments.md); with `--from-model DIR --first-stage NAME` a run starts
+from a model already trained through the stages before NAME, e.g. the shipped model and
+p6.natural512.
 """
 
 from __future__ import annotations

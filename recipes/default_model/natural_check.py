@@ -1,0 +1,57 @@
+"""Copying check for phase 6: is a detail given back right after it is said?
+
+    python -m recipes.default_model.natural_check MODEL_DIR
+
+For each of the 26 everyday concepts, one conversation: an empty system turn, the detail
+stated, "Okay, noted.", the question, a greedy reply; a hit is the value in the reply.
+Six conditions separate the causes: training or held-out phrasings, training, made-up or
+the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+from agent.probes.natural_text import CONCEPTS, make_value
+from agent.runtime.checkpoint import load_model_dir
+from recipes.default_model.natural import phrasings, train_value
+from recipes.default_model.recall_eval import greedy
+
+CONDITIONS = ("train phrasing, train value", "train phrasing, made-up value", "train phrasing, probe value",
+              "held-out phrasing, train value", "held-out phrasing, probe value")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    lm = load_model_dir(args.model)
+    tok, tpl = lm.tokenizer, lm.template
+    rng = random.Random(args.seed)
+    for cond in CONDITIONS:
+        hits, misses = 0, []
+        for c in CONCEPTS:
+            statements, questions, _ = phrasings(c)
+            if "probe value" in cond:
+                v = make_value(rng, c.kind)
+            else:
+                v = train_value(rng, c.kind, 1.0 if "made-up" in cond else 0.0)
+            held = cond.startswith("held-out")
+            stmt = rng.choice(c.statements if held else statements).replace("{v}", v)
+            q = rng.choice(c.questions if held else questions)
+            ids = (tpl.message(tok, "system", "", first=True) + tpl.message(tok, "user", stmt)
+                   + tpl.message(tok, "assistant", "Okay, noted.") + tpl.message(tok, "user", q) + tpl.reply_prefix(tok))
+            reply, _ = greedy(lm, lm.model.new_state(1), ids, 30)
+            if v.lower() in reply.lower():
+                hits += 1
+            elif len(misses) < 3:
+                misses.append(f"{stmt!r} / {q!r} -> {reply!r}")
+        print(f"{cond}: {hits}/{len(CONCEPTS)}")
+        for m in misses:
+            print("   ", m)
+
+
+if __name__ == "__main__":
+    main()
