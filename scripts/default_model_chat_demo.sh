@@ -2,16 +2,8 @@
 # A 40+ turn `laplace chat` session with the bundled default model, driven through tmux
 # (the real TUI, no -m), then exported. Facts are said early and asked ~30 turns later.
 # Usage: scripts/default_model_chat_demo.sh OUT_DIR   (LAPLACE_HOME is set to OUT_DIR/home)
-set -euo pipefail
-OUT=${1:-/tmp/laplace-chat-demo}
-mkdir -p "$OUT/home"
-export LAPLACE_HOME="$OUT/home"
-LAPLACE=${LAPLACE:-.venv/bin/laplace}
-S=laplace-demo
-tmux kill-session -t $S 2>/dev/null || true
-tmux new-session -d -s $S -x 160 -y 48 "LAPLACE_HOME=$LAPLACE_HOME $LAPLACE chat -o temperature 0"
-sleep 12
-say() { tmux send-keys -t $S -l "$1"; tmux send-keys -t $S Enter; sleep "${2:-4}"; }
+source "$(dirname "$0")/tmux_chat.sh"
+demo_start "${1:-/tmp/laplace-chat-demo}"
 say "Hi! By the way, the code for the back door is 48213."
 say "My sister's name is Lena."
 say "How are you today?"
@@ -53,10 +45,4 @@ say "Do you remember the code for the back door?"
 say "Thanks, that is all for now."
 say "Tell me about the csv module."
 say "What is my sister's name again?"
-tmux capture-pane -t $S -p -S -200 > "$OUT/tmux_screen.txt"
-tmux send-keys -t $S C-q
-sleep 3
-tmux kill-session -t $S 2>/dev/null || true
-ID=$($LAPLACE sessions list --json | python3 -c 'import json,sys; d=json.load(sys.stdin); d=d.get("sessions", d) if isinstance(d, dict) else d; s=d[0]; print(s.get("id") or s.get("uid"))')
-$LAPLACE sessions export "$ID" > "$OUT/transcript.md"
-echo "session $ID exported to $OUT/transcript.md"
+demo_finish

@@ -3,17 +3,8 @@
 # then exported: everyday questions, details said in passing early on and asked ~25 turns
 # later, two never given, one changed. Recall refresh is on (the default).
 # Usage: scripts/natural_chat_demo.sh OUT_DIR [MODEL]   (LAPLACE_HOME is set to OUT_DIR/home)
-set -euo pipefail
-OUT=${1:-/tmp/laplace-natural-demo}
-MODEL=${2:-}
-mkdir -p "$OUT/home"
-export LAPLACE_HOME="$OUT/home"
-LAPLACE=${LAPLACE:-.venv/bin/laplace}
-S=laplace-natural
-tmux kill-session -t $S 2>/dev/null || true
-tmux new-session -d -s $S -x 160 -y 48 "LAPLACE_HOME=$LAPLACE_HOME $LAPLACE chat ${MODEL:+-m $MODEL} -o temperature 0"
-sleep 12
-say() { tmux send-keys -t $S -l "$1"; tmux send-keys -t $S Enter; sleep "${2:-4}"; }
+source "$(dirname "$0")/tmux_chat.sh"
+demo_start "${1:-/tmp/laplace-natural-demo}" "${2:-}"
 say "Hi there! How's your day going?"
 say "My sister Vera is visiting me next week."
 say "What should I make for breakfast tomorrow?"
@@ -54,10 +45,4 @@ say "What should I have for dinner tonight?"
 say "How can I relax after a busy day?"
 say "Do you remember where I parked?"
 say "Thanks, that's all for today!"
-tmux capture-pane -t $S -p -S -200 > "$OUT/tmux_screen.txt"
-tmux send-keys -t $S C-q
-sleep 3
-tmux kill-session -t $S 2>/dev/null || true
-ID=$($LAPLACE sessions list --json | python3 -c 'import json,sys; d=json.load(sys.stdin); d=d.get("sessions", d) if isinstance(d, dict) else d; s=d[0]; print(s.get("id") or s.get("uid"))')
-$LAPLACE sessions export "$ID" > "$OUT/transcript.md"
-echo "session $ID exported to $OUT/transcript.md"
+demo_finish
