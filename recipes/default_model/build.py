@@ -45,7 +45,7 @@ from recipes.default_model import data as rdata
 from recipes.default_model import keys
 from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
 from recipes.default_model.natural import NaturalBuilder
-from recipes.default_model.plan import (BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, STAGE_LISTS, VOCAB, Chat, KeyDrills, Natural, Stage,
+from recipes.default_model.plan import (BATCH_TOKENS, CURRICULUM, DRILL, MODEL, STAGE_LISTS, VOCAB, Chat, KeyDrills, Natural, Stage,
                                         scaled)
 from recipes.default_model.vocab import TRAIN
 from recipes.default_model.recall_eval import end_of_turn, evaluate

@@ -17,7 +17,7 @@ import pytest
 from agent.runtime.checkpoint import load_model_dir
 from recipes.default_model.build import Build, main
 from recipes.default_model.corpus import Passage
-from recipes.default_model.plan import DRILL, NATURAL_TRIAL, PLAN, Chat, KeyDrills, scaled
+from recipes.default_model.plan import DRILL, NATURAL_TRIAL, PLAN, Chat, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "agent" / "models" / "default"
