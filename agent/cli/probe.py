@@ -152,6 +152,8 @@ def natural(
         raise _fail("--trials must be at least 1")
     if refresh not in ("off", "on", "both"):
         raise _fail(f"unknown --refresh {refresh!r}; choose off, on or both")
+    if out is not None and not out.parent.is_dir():  # before the run, not after it
+        raise _fail(f"cannot write {out}: no folder {out.parent}; create it or give another --out")
     settings = Settings.from_env()
     _threads(threads)
     loaded, dev = _load(model, device or settings.device, settings)

@@ -106,7 +106,7 @@ def test_refresh_block_is_read_only_past_the_horizon_and_holds_the_value(tiny):
 
 @pytest.mark.parametrize("args", [
     ["--distances", "0,abc"], ["--distances", "-5"], ["--distances", ","], ["--trials", "0"],
-    ["--refresh", "maybe"], ["-m", "no-such-model"],
+    ["--refresh", "maybe"], ["-m", "no-such-model"], ["--out", "/no/such/folder/report.json"],
 ])
 def test_cli_bad_inputs_are_one_error_line(tmp_path, args):
     r = runner.invoke(app, ["natural", "-m", "tiny", *args], env={"LAPLACE_HOME": str(tmp_path), "LAPLACE_DEVICE": "cpu"})
