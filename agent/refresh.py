@@ -50,7 +50,9 @@ ROLE_LABELS = {"user": "User", "assistant": "Assistant", "document": "Document",
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-_NOT_TOLD = re.compile(r"haven'?t told|have not told|didn'?t tell|did not tell|never told", re.I)
+# A sentence saying a detail was never given (it holds no answer); the probes' verdict
+# (agent/probes/natural_text.py) widens it.
+NOT_TOLD = re.compile(r"haven'?t told|have not told|didn'?t tell|did not tell|never told", re.I)
 STOP_WORDS = frozenset("""
 a about above after again all also am an and any are as at be been before being but by can could did do does
 doing done for from had has have having he her here hers him his how i if in into is it its itself just know
@@ -185,7 +187,7 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
             return None
         line = _relevant_part(c.text, qset)
         # An earlier question carries no answer, nor an earlier "you haven't told me".
-        return None if _is_question(line) or _NOT_TOLD.search(line) else (shared, line)
+        return None if _is_question(line) or NOT_TOLD.search(line) else (shared, line)
 
     found = [(c, e) for c in pool if (e := eligible(c, need))]
     if not found and need > 1 and df:  # nothing shares two words: one sharing the rarest will do
