@@ -21,6 +21,9 @@ from agent.cli.errors import fail as _fail
 from agent.settings import Settings
 
 app = typer.Typer(help="Measure what a fixed state still remembers.", no_args_is_help=True, pretty_exceptions_enable=False)
+MODEL_OPT = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'.")
+DEVICE_OPT = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)")
+THREADS_OPT = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default; 1 is fastest for tiny models).")
 
 
 
@@ -36,6 +39,15 @@ def _load(model: str, device: str, settings: Settings):  # type: ignore[no-untyp
         raise _fail(str(exc)) from None
 
 
+def _refresh_mode(refresh: str) -> str:
+    """`refresh`, checked against the probe's modes (no torch needed to refuse it)."""
+    from agent.probes.suites import REFRESH_MODES
+
+    if refresh not in REFRESH_MODES:
+        raise _fail(f"unknown --refresh {refresh!r}; choose {', '.join(REFRESH_MODES[:-1])} or {REFRESH_MODES[-1]}")
+    return refresh
+
+
 def _threads(n: int) -> None:
     if n > 0:
         import torch
@@ -45,7 +57,7 @@ def _threads(n: int) -> None:
 
 @app.command("run")
 def run(
-    model: str = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'."),
+    model: str = MODEL_OPT,
     suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full | refresh"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped (default: quick 45, standard 600)."),
     no_budget: bool = typer.Option(False, "--no-budget", help="Run the suite's whole grid whatever it takes."),
@@ -54,8 +66,8 @@ def run(
     filler: list[str] = typer.Option([], "--filler", help="Override the suite's fillers (repeatable): noise, grammar, chat, logs, file:PATH."),
     style: str = typer.Option("auto", "--style", help="auto (chat when the model's tokenizer holds its chat template's tokens) | completion (base models) | chat (chat models)"),
     seed: int = typer.Option(0, "--seed", help="Seed mixed into every sample's hash."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)"),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default; 1 is fastest for tiny models)."),
+    device: Optional[str] = DEVICE_OPT,
+    threads: int = THREADS_OPT,
     no_record: bool = typer.Option(False, "--no-record", help="Do not store the run in the database."),
     refresh: Optional[str] = typer.Option(None, "--refresh", help="Recall refresh: off | on | both (rows PROBE+refresh beside PROBE; default: the suite's, 'both' for --suite refresh)."),
     refresh_tokens: int = typer.Option(256, "--refresh-tokens", help="Most tokens a recall block may take."),
@@ -80,9 +92,7 @@ def run(
         raise _fail(f"unknown prompt style {style!r}; choose auto, completion or chat")
     if budget is not None and budget <= 0:
         raise _fail("--budget must be a positive number of seconds")
-    refresh = refresh or chosen.refresh
-    if refresh not in ("off", "on", "both"):
-        raise _fail(f"unknown --refresh {refresh!r}; choose off, on or both")
+    refresh = _refresh_mode(refresh or chosen.refresh)
     if refresh_tokens < 16 or refresh_horizon < 0:
         raise _fail("--refresh-tokens must be >= 16 and --refresh-horizon >= 0")
     if budget is None and not no_budget:
@@ -126,13 +136,13 @@ def run(
 
 @app.command("natural")
 def natural(
-    model: str = typer.Option("default", "-m", "--model", help="Model name, model directory or 'tiny'."),
+    model: str = MODEL_OPT,
     distances: str = typer.Option("0,256,512,1024,2048", "--distances", help="Comma-separated token distances, e.g. 0,256,512,2048."),
     trials: int = typer.Option(16, "--trials", help="Conversations per distance (spread over the concepts)."),
     refresh: str = typer.Option("both", "--refresh", help="Recall refresh: off | on | both (one row each per distance)."),
     seed: int = typer.Option(0, "--seed", help="Seed mixed into every conversation's hash."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: LAPLACE_DEVICE or auto)"),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads (0: torch's default)."),
+    device: Optional[str] = DEVICE_OPT,
+    threads: int = THREADS_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of the table."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the report JSON here."),
 ) -> None:
@@ -150,8 +160,7 @@ def natural(
         raise _fail(f"bad --distances {distances!r}; give token counts >= 0 like 0,256,512")
     if trials < 1:
         raise _fail("--trials must be at least 1")
-    if refresh not in ("off", "on", "both"):
-        raise _fail(f"unknown --refresh {refresh!r}; choose off, on or both")
+    _refresh_mode(refresh)
     if out is not None and not out.parent.is_dir():  # before the run, not after it
         raise _fail(f"cannot write {out}: no folder {out.parent}; create it or give another --out")
     settings = Settings.from_env()

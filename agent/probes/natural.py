@@ -30,7 +30,8 @@ from agent.probes.engine import advance_rows, greedy_rows
 from agent.probes.fillers import Piece, make_filler
 from agent.probes.ledger import recall_horizon
 from agent.probes.natural_text import CONCEPTS, Concept, make_value, mentions, say, says_not_told
-from agent.probes.runner import REFRESH_MODES, recall_block
+from agent.probes.runner import recall_block
+from agent.probes.suites import REFRESH_MODES
 
 ACK = "Okay, noted."  # the assistant's reply to each stated detail
 MAX_REPLY_TOKENS = 40

@@ -22,7 +22,7 @@ from agent.probes import text
 from agent.probes.engine import Answer, advance_rows, ask_rows
 from agent.probes.fillers import Filler, Piece, make_filler
 from agent.probes.ledger import capture_decays, counterfactual_trace, recall_horizon, resume_check, retention_ledger
-from agent.probes.suites import Deadline, Plan, Speed, Suite, plan_suite
+from agent.probes.suites import REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
 Log = Callable[[str], None]
@@ -55,7 +55,6 @@ def _stream_rng(seed: int, suite: str, probe: str, filler: str, trial: int):  # 
     return text.rng_of(seed, suite, base, filler, "stream", trial)
 
 
-REFRESH_MODES = ("off", "on", "both")
 REFRESH_SUFFIX = "+refresh"
 
 

@@ -17,6 +17,7 @@ from typing import Callable
 SUITE_NAMES = ("smoke", "quick", "standard", "full", "refresh")
 MIN_TRIALS = 4
 PLAN_SAFETY = 0.85  # plan to 85% of what is left: estimates from one warm-up are rough
+REFRESH_MODES = ("off", "on", "both")  # recall refresh measured: without, with, or both side by side
 
 
 @dataclass(frozen=True)
