@@ -271,9 +271,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.stop_after_stage is not None and args.stop_after_stage not in names:
         ap.error(f"--stop-after-stage: no stage {args.stop_after_stage!r} in the plan; stages: {names[0]} ... {names[-1]} "
                  f"(list them with: python -c 'from recipes.default_model.plan import PLAN; print([s.name for s in PLAN])')")
-    for flag, name in (("--first-stage", args.first_stage),):
-        if name is not None and name not in names:
-            ap.error(f"{flag}: no stage {name!r} in the plan; stages: {names[0]} ... {names[-1]}")
+    if args.first_stage is not None and args.first_stage not in names:
+        ap.error(f"--first-stage: no stage {args.first_stage!r} in the plan; stages: {names[0]} ... {names[-1]}")
     if (args.from_model is None) != (args.first_stage is None):
         ap.error("--from-model and --first-stage go together: the model must be trained through the stages before the first one")
     if args.first_stage is not None and stages[names.index(args.first_stage)].resume:

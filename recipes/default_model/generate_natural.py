@@ -46,6 +46,9 @@ TOPICS = (
     "fixing a leaky tap", "organizing a closet", "recycling", "a picnic", "camping", "the beach", "visiting a museum",
     "public transport", "parking in a city", "cooking rice", "making soup", "eating more vegetables", "a first apartment",
 )
+# Values shown to the generator for kinds without a TRAIN_VALUES pool.
+SAMPLE_VALUES = {"num2": "47", "num3": "318", "num4": "5206", "num5": "73914", "date": "June 12", "time": "4:30", "word": "mirotasa42"}
+_UNPOOLED_DRAW = ("4821", "317", "52")  # what those kinds drew from (the draw is kept, its value never used)
 SYSTEM = "You are a helpful assistant. Answer briefly in plain, simple English."
 _WORDS = re.compile(r"[A-Za-z0-9']+")
 
@@ -93,10 +96,10 @@ def paraphrases(llm: Any, rng: random.Random, per_phrasing: int) -> dict[str, di
         for kind, pool in (("statements", statements), ("questions", questions)):
             for phrasing in pool:
                 for _ in range(per_phrasing):
-                    value = rng.choice(TRAIN_VALUES.get(c.kind, ("4821", "317", "52")))
-                    if c.kind.startswith("num") or c.kind in ("date", "time", "word"):
-                        value = {"num2": "47", "num3": "318", "num4": "5206", "num5": "73914", "date": "June 12", "time": "4:30",
-                                 "word": "mirotasa42"}[c.kind]
+                    # Drawn for every kind, then replaced by a fixed sample where the kind has no
+                    # pool: the random stream, and so the committed cache, stays as generated.
+                    value = rng.choice(TRAIN_VALUES.get(c.kind, _UNPOOLED_DRAW))
+                    value = SAMPLE_VALUES.get(c.kind, value)
                     sentence = phrasing.replace("{v}", value)
                     text = _clean(chat(llm, f"Rewrite this sentence in other casual words, same meaning. Keep "
                                             f"{'the value ' + value + ' exactly. ' if kind == 'statements' else ''}"
