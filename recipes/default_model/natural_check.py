@@ -5,7 +5,9 @@
 For each of the 26 everyday concepts, one conversation: an empty system turn, the detail
 stated, "Okay, noted.", the question, a greedy reply; a hit is the value in the reply.
 Six conditions separate the causes: training or held-out phrasings, training, made-up or
-the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss.
+the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss. Each line splits the
+hits by the value's kind: words (names, places, foods, colors, jobs, dates) and numbers
+(numbers and times), which the model copies very differently.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     tok, tpl = lm.tokenizer, lm.template
     rng = random.Random(args.seed)
     for cond in CONDITIONS:
-        hits, misses = 0, []
+        hits, misses = {"words": 0, "numbers": 0}, []
+        of = {"words": 0, "numbers": 0}
         for c in CONCEPTS:
             statements, questions, _ = phrasings(c)
             if "probe value" in cond:
@@ -44,11 +47,14 @@ def main(argv: list[str] | None = None) -> None:
             ids = (tpl.message(tok, "system", "", first=True) + tpl.message(tok, "user", stmt)
                    + tpl.message(tok, "assistant", "Okay, noted.") + tpl.message(tok, "user", q) + tpl.reply_prefix(tok))
             reply, _ = greedy(lm, lm.model.new_state(1), ids, 30)
+            kind = "numbers" if c.kind.startswith("num") or c.kind == "time" else "words"
+            of[kind] += 1
             if v.lower() in reply.lower():
-                hits += 1
+                hits[kind] += 1
             elif len(misses) < 3:
                 misses.append(f"{stmt!r} / {q!r} -> {reply!r}")
-        print(f"{cond}: {hits}/{len(CONCEPTS)}")
+        print(f"{cond}: {sum(hits.values())}/{len(CONCEPTS)} (words {hits['words']}/{of['words']}, "
+              f"numbers {hits['numbers']}/{of['numbers']})")
         for m in misses:
             print("   ", m)
 
