@@ -5,7 +5,10 @@
 For each of the 26 everyday concepts, one conversation: an empty system turn, the detail
 stated, "Okay, noted.", the question, a greedy reply; a hit is the value in the reply.
 Six conditions separate the causes: training or held-out phrasings, training, made-up or
-the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss. Each line splits the
+the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss. The last condition
+begins the reply with the words that came right before the value ("You said my sister"),
+so that copying needs no lookup by key, only the next word after a repeated context (an
+induction step); concepts without two such words are left out. Each line splits the
 hits by the value's kind: words (names, places, foods, colors, jobs, dates) and numbers
 (numbers and times), which the model copies very differently.
 """
@@ -20,8 +23,9 @@ from agent.runtime.checkpoint import load_model_dir
 from recipes.default_model.natural import phrasings, train_value
 from recipes.default_model.recall_eval import greedy
 
+ECHO = "held-out phrasing, probe value, reply begun with the two words said before the value"
 CONDITIONS = ("train phrasing, train value", "train phrasing, made-up value", "train phrasing, probe value",
-              "held-out phrasing, train value", "held-out phrasing, probe value")
+              "held-out phrasing, train value", "held-out phrasing, probe value", ECHO)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,15 +41,21 @@ def main(argv: list[str] | None = None) -> None:
         of = {"words": 0, "numbers": 0}
         for c in CONCEPTS:
             statements, questions, _ = phrasings(c)
+            echoed = [st for st in c.statements if len(st.split("{v}")[0].split()) >= 2]
+            if cond == ECHO and not echoed:
+                continue
             if "probe value" in cond:
                 v = make_value(rng, c.kind)
             else:
                 v = train_value(rng, c.kind, 1.0 if "made-up" in cond else 0.0)
             held = cond.startswith("held-out")
-            stmt = rng.choice(c.statements if held else statements).replace("{v}", v)
+            said = rng.choice(echoed if cond == ECHO else c.statements if held else statements)
+            stmt = said.replace("{v}", v)
             q = rng.choice(c.questions if held else questions)
             ids = (tpl.message(tok, "system", "", first=True) + tpl.message(tok, "user", stmt)
                    + tpl.message(tok, "assistant", "Okay, noted.") + tpl.message(tok, "user", q) + tpl.reply_prefix(tok))
+            if cond == ECHO:
+                ids += tok.encode("You said " + " ".join(said.split("{v}")[0].split()[-2:]))
             reply, _ = greedy(lm, lm.model.new_state(1), ids, 30)
             kind = "numbers" if c.kind.startswith("num") or c.kind == "time" else "words"
             of[kind] += 1
@@ -53,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
                 hits[kind] += 1
             elif len(misses) < 3:
                 misses.append(f"{stmt!r} / {q!r} -> {reply!r}")
-        print(f"{cond}: {sum(hits.values())}/{len(CONCEPTS)} (words {hits['words']}/{of['words']}, "
+        print(f"{cond}: {sum(hits.values())}/{sum(of.values())} (words {hits['words']}/{of['words']}, "
               f"numbers {hits['numbers']}/{of['numbers']})")
         for m in misses:
             print("   ", m)

@@ -223,14 +223,7 @@ def _phase5() -> list[Stage]:
 # the plan with it; the shipped model is PLAN's.
 NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)
 WIDE512 = NaturalSpec(length=512, gap_min=0, gap_max=450, made_up=0.6, recall_block=0.5)
-# After those two, copying was the failure (a value given back right after it was said 8-11
-# times in 26): phase 5's remedy, the loss on the deciding tokens alone ("value": an
-# answer's value and where it parts from the refusal), with more details per row.
-COPY512 = dataclasses.replace(WIDE512, plant_prob=0.5, near_gap=0.35, made_up=0.8, recall_block=0.6)
-# Then the whole loss again (the deciding tokens x8) on rows twice as long, beside phase 5's
-# long block, whose recall at 1,024 the first two blocks had worn down (0.85 -> 0.29).
-SETTLE1024 = dataclasses.replace(COPY512, length=1024, gap_max=900, plant_prob=0.4, near_gap=0.25, made_up=0.7, recall_block=0.5)
-P6_STEPS = (1800, 1200, 450, 600)
+P6_STEPS = (1800, 1200)
 
 
 def _phase6() -> list[Stage]:
@@ -241,10 +234,6 @@ def _phase6() -> list[Stage]:
     return [
         Stage("p6.natural512", 6, Natural(NATURAL512, 0.6, rest), 6161, (0, P6_STEPS[0]), sched(P6_STEPS[0])),
         Stage("p6.wide512", 6, Natural(WIDE512, 0.7, rest), 6262, (0, P6_STEPS[1]), sched(P6_STEPS[1])),
-        Stage("p6.copy512", 6, Natural(COPY512, 0.8, rest), 6363, (0, P6_STEPS[2]), sched(P6_STEPS[2]), focus=(*DECISION, "value"),
-              focus_only=True),
-        Stage("p6.settle1024", 6, Natural(SETTLE1024, 0.6, KeyDrills(LONG_DRILL, shares=MIX, rows3=LONG_ROWS3)), 6464,
-              (0, P6_STEPS[3]), sched(P6_STEPS[3]), focus=(*DECISION, "value")),
     ]
 
 

@@ -12,7 +12,7 @@ trained tokens, so the reported loss is the weighted one.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,25 +24,7 @@ from agent.train.loop import Trainer
 # Phase 6's answers about everyday details ("You parked on level 4.") count as recall
 # answers too; none of them is a reply the earlier phases' data holds.
 _NATURAL = "|".join(re.escape(c.answer).replace(re.escape("{v}"), ".+") for c in CONCEPTS)
-# Each everyday answer's (prefix, suffix) around its value, and its refusal; where the two
-# first differ is where the reply decides between giving a value and refusing.
-_PLAIN = tuple((c.answer.split("{v}")[0], c.answer.split("{v}")[1], c.not_told) for c in CONCEPTS)
 ANSWER = re.compile(rf"^(The [^.]+ for the [^.]+ is .+|Your [^.]+ is .+|You haven't told me .+|{_NATURAL})$")
-
-
-def spans(row: list[int], keep: Callable[[int], bool]) -> list[tuple[int, int]]:
-    """The maximal runs [i, j) of positions of `row` where `keep` holds."""
-    out, i = [], 0
-    while i < len(row):
-        if not keep(i):
-            i += 1
-            continue
-        j = i
-        while j < len(row) and keep(j):
-            j += 1
-        out.append((i, j))
-        i = j
-    return out
 
 
 class WeightedTrainer(Trainer):
@@ -55,9 +37,17 @@ class WeightedTrainer(Trainer):
         tok = self.base.tokenizer
         for r in range(labels.shape[0]):
             row = labels[r].tolist()
-            for i, j in spans(row, lambda k: row[k] != IGNORE_INDEX):
+            i = 0
+            while i < len(row):
+                if row[i] == IGNORE_INDEX:
+                    i += 1
+                    continue
+                j = i
+                while j < len(row) and row[j] != IGNORE_INDEX:
+                    j += 1
                 if j - i < 64 and ANSWER.match(tok.decode(row[i:j]).strip()):
                     w[r, i:j] = self.answer_weight
+                i = j
         return w
 
     def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -78,7 +68,7 @@ class FocusTrainer(WeightedTrainer):
     (measured: with the whole answer in the loss it had not appeared after 1,000 steps;
     with the first digit alone it did after 450)."""
 
-    FOCUS = ("digit", "decision", "key", "value")
+    FOCUS = ("digit", "decision", "key")
 
     def __init__(self, *args: Any, focus: tuple[str, ...] = FOCUS, focus_weight: float = 8.0, focus_only: bool = False,
                  **kwargs: Any) -> None:
@@ -109,26 +99,6 @@ class FocusTrainer(WeightedTrainer):
                 if i >= 2 and row[i - 1] == the and row[i - 2] == for_:
                     copying = True
                     out[r, i] |= "key" in want
-            if "value" in want:
-                for i in self.plain_focus(row, ans):
-                    out[r, i] = True
-        return out
-
-    def plain_focus(self, row: list[int], ans: list[bool]) -> list[int]:
-        """Positions, in one row, of the tokens "value" focuses (see the class doc)."""
-        tok, out = self.base.tokenizer, []
-        for i, j in spans(row, lambda k: bool(ans[k])):
-            text = tok.decode(row[i:j])
-            lead, text = len(text) - len(text.lstrip()), text.strip()
-            for prefix, suffix, refusal in _PLAIN:
-                answer = text.startswith(prefix) and text.endswith(suffix) and len(text) > len(prefix) + len(suffix)
-                if answer or text == refusal:
-                    part = next(k for k, (a, b) in enumerate(zip(prefix, refusal)) if a != b)
-                    lo, hi = (len(prefix), len(text) - len(suffix)) if answer else (part, part + 1)
-                    ends = [len(tok.decode(row[i:k + 1])) - lead for k in range(i, j)]  # end offset of each token
-                    starts = [0, *ends[:-1]]
-                    out += [i + n for n, (a, b) in enumerate(zip(starts, ends)) if (a <= part < b) or (a < hi and b > lo)]
-                    break
         return out
 
     def _weights(self, labels: torch.Tensor) -> torch.Tensor:

@@ -123,3 +123,17 @@ def test_made_up_values_are_words_and_never_the_probes() -> None:
     words = [made_up_word(rng) for _ in range(2000)]
     assert not set(words) & held and len(set(words)) > 1000
     assert train_value(random.Random(1), "person", 1.0)[0].isupper() and train_value(random.Random(1), "num3", 1.0).isdigit()
+
+
+def test_natural_check_counts_every_condition_split_by_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.default_model import natural_check
+
+    natural_check.main([str(DEFAULT)])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]
+    assert [ln.split(":")[0] for ln in lines] == list(natural_check.CONDITIONS)
+    words = sum(c.kind[:3] not in ("num", "tim") for c in CONCEPTS)
+    for ln in lines:
+        m = re.search(r": (\d+)/26 \(words (\d+)/(\d+), numbers (\d+)/(\d+)\)$", ln)
+        assert m, ln
+        total, w, nw, n, nn = map(int, m.groups())
+        assert (total, nw, nn) == (w + n, words, 26 - words)

@@ -201,22 +201,3 @@ def test_focus_weights_the_copied_key_the_decision_and_the_first_digit(only: boo
 def test_focus_names_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown focus \\['first'\\]"):
         FocusTrainer(None, focus=("digit", "first"))  # type: ignore[arg-type]
-
-
-def test_value_focus_picks_an_everyday_answers_value_and_where_it_parts_from_the_refusal() -> None:
-    lm = load_model_dir(DEFAULT)
-    msgs = [{"role": "system", "content": ""},
-            {"role": "user", "content": "My sister Kalomi is visiting."}, {"role": "assistant", "content": "Okay, noted."},
-            {"role": "user", "content": "Who's my sister?"}, {"role": "assistant", "content": "Your sister is called Kalomi."},
-            {"role": "user", "content": "Where did I grow up?"}, {"role": "assistant", "content": "You haven't told me where you grew up."},
-            {"role": "user", "content": "Where did I park?"}, {"role": "assistant", "content": "You parked on level 47."},
-            {"role": "user", "content": "Tell me about loops."}, {"role": "assistant", "content": "Your loop is a list."}]
-    doc = encode_chat(msgs, lm.tokenizer, lm.template)
-    _, labels = pack([doc], len(doc.ids) - 1, 0).rows(torch.tensor([0]))
-    t = FocusTrainer.__new__(FocusTrainer)
-    t.base, t.answer_weight, t.focus_on, t.focus_weight, t.focus_only = lm, 4.0, ("value",), 8.0, True
-    w = t._weights(labels)
-    picked = [lm.tokenizer.decode([i]) for i, x in zip(labels[0].tolist(), w[0].tolist()) if x == 8.0]
-    # "Your" (not "You haven't ..."), the name; the refusal's " haven"; " par" (not " haven"), the number.
-    assert "".join(picked) == "Your Kalomi haven par47"
-    assert set(w[0].tolist()) == {0.0, 8.0}  # focus only: "Okay, noted.", the answers' other words and the docstring are out

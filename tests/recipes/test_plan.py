@@ -106,7 +106,7 @@ def test_each_kind_of_stage_writes_the_same_data_for_the_same_seed(tmp_path: Pat
     kinds = {}
     for s in scaled(NATURAL_TRIAL, 1e-9):  # one step each; the plan and the phase 6 tried after it
         kinds.setdefault(s.name.split(".")[-1] if s.phase == 2 else s.name, s)  # phase 2's cycles differ by seed only
-    assert len(kinds) == 11 + 5 + 1 + 4 + 4
+    assert len(kinds) == 11 + 5 + 1 + 4 + 2
     for seed in (0, 1):
         b = Build(Namespace(seed=seed, work=str(tmp_path), eval_trials=1), (), passages=PASSAGES * 3)
         for key, s in kinds.items():
