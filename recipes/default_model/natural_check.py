@@ -5,12 +5,12 @@
 For each of the 26 everyday concepts, one conversation: an empty system turn, the detail
 stated, "Okay, noted.", the question, a greedy reply; a hit is the value in the reply.
 Six conditions separate the causes: training or held-out phrasings, training, made-up or
-the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss. The last condition
-begins the reply with the words that came right before the value ("You said my sister"),
-so that copying needs no lookup by key, only the next word after a repeated context (an
-induction step); concepts without two such words are left out. Each line splits the
-hits by the value's kind: words (names, places, foods, colors, jobs, dates) and numbers
-(numbers and times), which the model copies very differently.
+the probe's values. Distance 0, so memory plays no part: a miss here is a copying miss.
+The last condition begins the reply with the two words said right before the value ("You
+said my sister"), so copying needs no lookup by key, only the word that followed a
+repeated context (an induction step); concepts without two such words are left out. Each
+line splits the hits by the value's kind: words (names, places, foods, colors, jobs,
+dates) and numbers (numbers and times), which the models copy very differently.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     tok, tpl = lm.tokenizer, lm.template
     rng = random.Random(args.seed)
     for cond in CONDITIONS:
-        hits, misses = {"words": 0, "numbers": 0}, []
-        of = {"words": 0, "numbers": 0}
+        hits, of, misses = {"words": 0, "numbers": 0}, {"words": 0, "numbers": 0}, []
         for c in CONCEPTS:
             statements, questions, _ = phrasings(c)
             echoed = [st for st in c.statements if len(st.split("{v}")[0].split()) >= 2]
