@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--save and --natural-rows need a trained model's tokenizer: --from default or DIR")
     if args.natural_rows and not args.save:
         ap.error("--natural-rows needs --save DIR (its rows are written there)")
+    if args.init not in ("default", "scratch") and not (Path(args.init) / "config.json").is_file():
+        ap.error(f"--from {args.init}: not a model directory (no config.json); give default, scratch or a model directory")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.init == "scratch":

@@ -49,6 +49,7 @@ def test_beside_plain_speech_it_saves_a_model_that_loads(tmp_path: Path) -> None
     (["--from", "scratch", "--save", "X"], "need a trained model's tokenizer"),
     (["--from", "default", "--natural-rows", "2", "--save", "X"], "--natural-rows needs --steps"),
     (["--from", "default", "--natural-rows", "2", "--steps", "3"], "--natural-rows needs --save DIR"),
+    (["--from", "/nonexistent/model"], "not a model directory"),
 ])
 def test_bad_combinations_are_refused_before_training(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
