@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
+from agent.runtime.checkpoint import LoadedModel, load_model_dir, resolve_model_path, save_model_dir
 from agent.runtime.model import build_model
 from agent.train.data import PackedData, load_documents, pack, pad_token
 from recipes.default_model import data as rdata
@@ -38,7 +38,6 @@ from recipes.default_model.natural import NaturalBuilder
 from recipes.default_model.plan import MODEL, WIDE512
 from recipes.default_model.vocab import TRAIN
 
-DEFAULT = Path(__file__).resolve().parents[2] / "agent" / "models" / "default"
 KEYS, VALUES = (100, 1500), (1600, 3000)  # token id ranges, disjoint
 
 
@@ -100,15 +99,16 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--save and --natural-rows need a trained model's tokenizer: --from default or DIR")
     if args.natural_rows and not args.save:
         ap.error("--natural-rows needs --save DIR (its rows are written there)")
-    if args.init not in ("default", "scratch") and not (Path(args.init) / "config.json").is_file():
+    path = None if args.init == "scratch" else resolve_model_path(args.init)  # "default": the packaged model
+    if args.init != "scratch" and (path is None or not (path / "config.json").is_file()):
         ap.error(f"--from {args.init}: not a model directory (no config.json); give default, scratch or a model directory")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.init == "scratch":
+    if path is None:
         lm = None
         model = build_model(MODEL, seed=0)
     else:
-        lm = load_model_dir(DEFAULT if args.init == "default" else args.init)
+        lm = load_model_dir(path)
         model = lm.model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     make = (lambda g: batch(g, args.rows, args.pairs)) if args.drill == "assoc" else (lambda g: repeats(g, args.rows))
