@@ -1,7 +1,8 @@
 """The Laplace model: a pure Simple-GLA decoder. This file holds the math only.
 
 Each block's token mixer is the Laplace GLA mixer (below) or the Mamba-2 family's
-(`ssd.py`, for imported checkpoints); both run the same kernel and keep the same state.
+(`ssd.py`, for imported checkpoints); both are built from the parts in `layers.py`, run the
+same kernel and keep the same state.
 
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.
@@ -17,20 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.ssd import ShortConv, SSDMixer, conv_activation, mask_padding, run_gla
+from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla
+from agent.runtime.ssd import SSDMixer
 from agent.runtime.state import RecurrentState
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
 
 
 class GLAAttention(nn.Module):
@@ -79,17 +69,6 @@ class GLAAttention(nn.Module):
         o = self.head_norm(o).reshape(B, T, cfg.value_dim)
         o = o * F.silu(self.gate_proj(x))
         return self.o_proj(o), gla_state, conv_state
-
-
-class GLU(nn.Module):
-    def __init__(self, config: LaplaceConfig) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.ffn_dim, bias=False)
-        self.w3 = nn.Linear(config.d_model, config.ffn_dim, bias=False)
-        self.w2 = nn.Linear(config.ffn_dim, config.d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
