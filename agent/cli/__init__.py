@@ -115,9 +115,6 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    import sys
-
-    from agent.cli.chat import join_option_pairs
-
-    app(args=join_option_pairs(sys.argv[1:]), prog_name="laplace")
+def main() -> None:
+    """The console entry point: argv goes to the commands as given (see `OptionPairsCommand`)."""
+    app(prog_name="laplace")

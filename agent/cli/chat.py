@@ -12,7 +12,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from agent.cli.errors import fail as _fail
 from agent.settings import Settings
@@ -44,13 +46,22 @@ def join_option_pairs(argv: list[str]) -> list[str]:
         if arg == "--":
             out.extend(argv[i:])
             break
-        if arg in ("-o", "--option") and i + 2 < len(argv) + 1 and i + 1 < len(argv) and "=" not in argv[i + 1] and i + 2 < len(argv):
+        if arg in ("-o", "--option") and i + 2 < len(argv) and "=" not in argv[i + 1]:
             out += [arg, f"{argv[i + 1]}={argv[i + 2]}"]
             i += 3
             continue
         out.append(arg)
         i += 1
     return out
+
+
+class OptionPairsCommand(TyperCommand):
+    """`chat` and `ask` read `-o KEY VALUE` pairs; only their own arguments are rewritten,
+    so another command's `-o` (`sessions export -o FILE`, `bench -o FILE`, `finetune -o DIR`)
+    keeps its one value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, join_option_pairs(args))
 
 
 def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
@@ -323,5 +334,5 @@ def chat(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("ask")(ask)
-    app.command("chat")(chat)
+    app.command("ask", cls=OptionPairsCommand)(ask)
+    app.command("chat", cls=OptionPairsCommand)(chat)

@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def laplace(*args: str, input: str | bytes | None = None):
-    return runner.invoke(app, join_option_pairs(list(args)), input=input)
+    return runner.invoke(app, list(args), input=input)
 
 
 def store() -> SessionStore:

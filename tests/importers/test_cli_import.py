@@ -10,7 +10,6 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli.chat import join_option_pairs
 from agent.settings import Settings
 from tests.importers.helpers import llamba_checkpoint, write_tokenizer
 
@@ -18,7 +17,7 @@ runner = CliRunner()
 
 
 def laplace(*args: str):
-    return runner.invoke(app, join_option_pairs(list(args)))
+    return runner.invoke(app, list(args))
 
 
 def models_dir():
