@@ -20,7 +20,7 @@ def test_runtime_imports_neither_ui_nor_sqlite():
     assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sqlite3", "sessions"}}
 
 
-@pytest.mark.parametrize("module", ["sessions", "agent.chat.types", "agent.settings", "agent.refresh", "agent.chat.refresh"])
+@pytest.mark.parametrize("module", ["sessions", "agent.chat.types", "agent.settings", "agent.recall.rule", "agent.recall.verdicts", "agent.chat.recall"])
 def test_persistence_and_shared_types_never_import_torch(module):
     mods = imported_after(module)
     assert "torch" not in mods

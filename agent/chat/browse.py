@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
-from agent.chat.refresh import is_recall
+from agent.chat.recall import is_recall
 from agent.chat.types import ChatError, SearchHit, SessionView, StatusView, TurnView
 from sessions import Session, SessionError, SessionSummary, Turn
 

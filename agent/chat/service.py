@@ -19,14 +19,14 @@ import hashlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
 from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
-from agent.chat.refresh import RecallRefresh
+from agent.chat.recall import RecallRefresh
 from agent.chat.types import (
     ChatError,
     ChatEvent,
@@ -40,7 +40,6 @@ from agent.chat.types import (
     TurnStarted,
     TurnView,
 )
-from agent.probes.session_check import check_state
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
 from agent.runtime.sampling import SamplingOptions, make_generator
@@ -52,12 +51,27 @@ FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
 HEARTBEAT_EVERY_S = 5.0
 
 
+class StateCheck(Protocol):
+    """Asks a copy of a state a question and, with `expect`, judges the answer: what `probe`
+    runs. The CLI passes `agent.probes.session_check.check_state`, the same check as
+    `laplace probe session`, so chat itself never imports the probes."""
+
+    def __call__(self, loaded: LoadedModel, state: RecurrentState, question: str, *, expect: str | None,
+                 answer_tokens: int) -> CheckResult: ...
+
+
+class CheckResult(Protocol):
+    answer: str
+    verdict: str
+    reason: str
+
+
 class ChatService(SessionBrowsing):
     """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
                  device: str = "cpu", options: SamplingOptions | None = None,
-                 initial_state: RecurrentState | None = None) -> None:
+                 initial_state: RecurrentState | None = None, check: StateCheck | None = None) -> None:
         self.store = store
         self.lm = lm
         self.model_id = model_id
@@ -66,6 +80,7 @@ class ChatService(SessionBrowsing):
         self.defaults = options or SamplingOptions()
         self.options = self.defaults
         self.refresher = RecallRefresh(lm, store)
+        self.check = check
         self._session: Session | None = None
         self._state: RecurrentState | None = None
         self._lease = None
@@ -351,14 +366,16 @@ class ChatService(SessionBrowsing):
     def probe(self, question: str, expected: str | None = None, max_new_tokens: int = 48) -> ProbeAnswer:
         """Ask a copy of the live state; the live state and the transcript are untouched.
 
-        With `expected`, the verdict is `laplace probe session`'s rule (`agent.probes.verdicts`):
+        With `expected`, the verdict is `laplace probe session`'s rule (`agent.recall.verdicts`):
         the answer ranked among same-shape distractors, against a blank-state control."""
         with self._lock:
             _check_text(question, "question")
             if expected is not None and not expected.strip():
                 raise ChatError("the expected answer is empty; give the words the session should remember")
-            check = check_state(self.lm, self._state_now().clone(), question, expect=expected,
-                                answer_tokens=max_new_tokens)
+            if self.check is None:
+                raise ChatError("this chat service was built without a recall check; use `laplace probe session`")
+            check = self.check(self.lm, self._state_now().clone(), question, expect=expected,
+                               answer_tokens=max_new_tokens)
             if expected is None:
                 return ProbeAnswer(question, check.answer, None, None)
             return ProbeAnswer(question, check.answer, expected, check.verdict, check.reason)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal, Protocol, Union
 
-# The probe verdict words, re-exported for the TUI from the one rule that produces them
+# The recall verdict words, re-exported for the TUI from the one rule that produces them
 # (plain Python, no torch).
-from agent.probes.verdicts import FORGOTTEN as FORGOTTEN, REMEMBERED as REMEMBERED, WEAK as WEAK
+from agent.recall.verdicts import FORGOTTEN as FORGOTTEN, REMEMBERED as REMEMBERED, WEAK as WEAK
 
 TurnStatus = Literal["streaming", "complete", "cancelled", "error"]
 
@@ -74,7 +74,7 @@ class ProbeAnswer:
     question: str
     answer: str
     expected: str | None
-    verdict: str | None  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED (agent.probes.verdicts), None without an expectation
+    verdict: str | None  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED (agent.recall.verdicts), None without an expectation
     detail: str = ""
 
 

@@ -93,6 +93,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     TUI asks the user), or else an error."""
     from agent.chat.service import ChatService
     from agent.chat.types import ChatError, StateUnusableError
+    from agent.probes.session_check import check_state
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.quant import QUANT_MODES, quantize_loaded
@@ -148,7 +149,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             except RuntimeStateError as exc:
                 raise _fail(f"initial state {initial_state}: {exc}") from None
         service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
-                              options=opts, initial_state=start)
+                              options=opts, initial_state=start, check=check_state)
         unusable: Optional[Exception] = None
         try:
             if target is None:

@@ -24,14 +24,14 @@ from typing import Any, Sequence
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.state import RecurrentState
 
-from agent import refresh as recall
 from agent.probes import text
 from agent.probes.engine import advance_rows, greedy_rows
 from agent.probes.fillers import Piece, make_filler
-from agent.probes.ledger import recall_horizon
 from agent.probes.natural_text import CONCEPTS, Concept, make_value, mentions, say, says_not_told
 from agent.probes.runner import recall_block
 from agent.probes.suites import REFRESH_MODES
+from agent.recall.horizon import recall_horizon
+from agent.recall.rule import DEFAULT_BUDGET
 
 ACK = "Okay, noted."  # the assistant's reply to each stated detail
 MAX_REPLY_TOKENS = 40
@@ -120,10 +120,10 @@ def _modes(refresh: str) -> tuple[str, ...]:
 
 
 def run_natural(lm: LoadedModel, *, distances: Sequence[int] = DEFAULT_DISTANCES, trials: int = DEFAULT_TRIALS,
-                refresh: str = "both", seed: int = 0, refresh_tokens: int = recall.DEFAULT_BUDGET,
+                refresh: str = "both", seed: int = 0, refresh_tokens: int = DEFAULT_BUDGET,
                 horizon: int | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run the probe and return its report (JSON-serialisable; see `render`). `horizon`
-    overrides the model's recall horizon (`ledger.recall_horizon`, as the suite runner)."""
+    overrides the model's recall horizon (`agent.recall.horizon.recall_horizon`, as the suite runner)."""
     modes = _modes(refresh)
     if trials < 1:
         raise ValueError("trials must be at least 1")

@@ -19,7 +19,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from agent import refresh
+from agent.recall import rule
 
 # Value pools the probe draws from. The recipe's training values come from other pools
 # (recipes/default_model/natural.py), so a recalled value is copied, not guessed.
@@ -135,7 +135,7 @@ CONCEPTS: tuple[Concept, ...] = (
 )
 HELDOUT_CONCEPTS = {c.name: c for c in CONCEPTS}
 
-NOT_TOLD = re.compile(refresh.NOT_TOLD.pattern + r"|not told me|don'?t know", re.I)
+NOT_TOLD = re.compile(rule.NOT_TOLD.pattern + r"|not told me|don'?t know", re.I)
 
 
 def make_value(rng: random.Random, kind: str, pools: dict[str, tuple[str, ...]] = HELDOUT_VALUES) -> str:

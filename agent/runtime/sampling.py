@@ -22,7 +22,7 @@ class SamplingOptions:
     max_new_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    # Recall refresh (agent/refresh.py), stored with the session like the rest: on or off,
+    # Recall refresh (agent/recall/), stored with the session like the rest: on or off,
     # the most tokens a recall block may add per turn, and the horizon in tokens beyond
     # which a turn counts as faded (0: derive it from the model).
     refresh: bool = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.chat.service import ChatService
+from agent.probes.session_check import check_state
 from agent.runtime.checkpoint import load_model
 from agent.runtime.generation import EagerRunner
 from agent.runtime.sampling import SamplingOptions
@@ -29,7 +30,8 @@ def make_service(db_path, lm):
         store = SessionStore.open(db_path)
         options = SamplingOptions(**{"temperature": 0.8, "seed": 1, "max_new_tokens": 12, **opts})
         m = model or lm
-        svc = ChatService(store, m, model_id="tiny", runner=EagerRunner(m.model, segment_len=32), options=options)
+        svc = ChatService(store, m, model_id="tiny", runner=EagerRunner(m.model, segment_len=32), options=options,
+                          check=check_state)
         made.append(svc)
         return svc
 

@@ -187,7 +187,7 @@ def test_pull_downloads_then_imports(monkeypatch, ckpt) -> None:
 
 
 def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -> None:
-    from agent.probes.ledger import recall_horizon
+    from agent.recall.horizon import recall_horizon
     from agent.runtime.checkpoint import load_model
 
     import torch

@@ -140,7 +140,7 @@ def test_session_bad_input(session_db, args, message):
 
 
 def test_verdicts_follow_rank_lift_and_the_blank_control():
-    from agent.probes.verdicts import judge
+    from agent.recall.verdicts import judge
 
     def verdict(rank=1, lift=3.0, blank_rank=9, said=False, n=20):  # type: ignore[no-untyped-def]
         return judge(said=said, rank=rank, n_candidates=n, lift=lift, blank_rank=blank_rank)[0]

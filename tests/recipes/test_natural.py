@@ -100,7 +100,7 @@ def test_everyday_replies_fill_the_chat_between(rows) -> None:  # type: ignore[n
 
 
 def test_recall_blocks_repeat_the_latest_statement_as_chat_would_fold_it(rows) -> None:  # type: ignore[no-untyped-def]
-    from agent import refresh
+    from agent.recall import rule as refresh
 
     blocks = 0
     for msgs in rows:

@@ -4,7 +4,7 @@ token bound, that `refresh off` adds nothing, and that the state still equals a 
 from __future__ import annotations
 
 from agent.chat.types import TurnStarted
-from agent.refresh import HEADER
+from agent.recall.rule import HEADER
 
 from .test_chat_service import assert_state_matches_transcript, run
 

@@ -2,14 +2,14 @@
 
 `ChatService.send` calls `RecallRefresh.plan` with the user's message before storing it.
 The candidates are the branch's turns that the session's FTS5 index matches on the
-message's words; `agent.refresh.select` (the one selection rule, shared with the probe
-suite) keeps those past the model's recall horizon, within the token budget. The block
-becomes its own `document` turn, stored with its exact token ids and `{"kind": "recall"}`
-in its stats, just before the user's turn: a replay of the transcript reads it like any
-other turn, so the state still equals the replay.
+message's words; `agent.recall.rule.build_block` (the one selection rule, shared with the
+probe suites) keeps those past the model's recall horizon, within the token budget. The
+block becomes its own `document` turn, stored with its exact token ids and
+`{"kind": "recall"}` in its stats, just before the user's turn: a replay of the transcript
+reads it like any other turn, so the state still equals the replay.
 
-The horizon: `-o refresh_horizon N` when given, else the model card's measured recall, else
-the decay gates (`agent.probes.ledger.recall_horizon`).
+The horizon: `-o refresh_horizon N` when given, else `agent.recall.horizon.recall_horizon`
+(the model card's measured recall, else the decay gates).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent import refresh
+from agent.recall import rule
 from sessions import Session, SessionStore, Turn
 
 if TYPE_CHECKING:  # the browsing half of the service imports `is_recall` without torch
     from agent.runtime.checkpoint import LoadedModel
     from agent.runtime.sampling import SamplingOptions
 
-ROLE = refresh.BLOCK_ROLE
+ROLE = rule.BLOCK_ROLE
 RECENT_TURNS = 64  # turns within the horizon looked at for statements that supersede faded ones
 
 
@@ -47,7 +47,7 @@ class RecallRefresh:
     def model_horizon(self) -> tuple[int, str]:
         """(tokens, where the number comes from) for this model; computed once."""
         if self._model_horizon is None:
-            from agent.probes.ledger import recall_horizon
+            from agent.recall.horizon import recall_horizon
 
             self._model_horizon = recall_horizon(self.lm)
         return self._model_horizon
@@ -63,7 +63,7 @@ class RecallRefresh:
         and relevant). The message itself is not stored yet, so it is never a candidate."""
         if not opts.refresh:
             return None
-        words = refresh.query_words(message)
+        words = rule.query_words(message)
         if not words:
             return None
         head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
@@ -71,17 +71,15 @@ class RecallRefresh:
         # Faded candidates from the index (only those, so recent chatter cannot crowd them
         # out of its best hits); the turns within the horizon, which may supersede them,
         # from the branch's tail.
-        faded = self.store.branch_matches(session.id, words, turn_id=head.id, limit=refresh.MAX_CANDIDATES,
+        faded = self.store.branch_matches(session.id, words, turn_id=head.id, limit=rule.MAX_CANDIDATES,
                                           ending_by=head.tokens_total - horizon - 1)
         recent = [t for t in self.store.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
-        candidates = [refresh.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
+        candidates = [rule.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
                       for t in [*faded, *recent] if not is_recall(t)]
-        chosen = refresh.select(message, candidates, horizon=horizon, budget=opts.refresh_tokens,
-                                count=lambda text: len(self.block_ids(text)))
-        if not chosen:
+        block = rule.build_block(message, candidates, horizon=horizon, budget=opts.refresh_tokens, encode=self.block_ids)
+        if block is None:
             return None
-        text = refresh.render(chosen)
-        return RecallPlan(text, self.block_ids(text), [r.turn_id for r in chosen], horizon)
+        return RecallPlan(block.text, block.token_ids, [r.turn_id for r in block.chosen], horizon)
 
     def store_with_message(self, session: Session, plan: RecallPlan | None, text: str,
                            ids: list[int]) -> tuple[Turn | None, Turn]:
