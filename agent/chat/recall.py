@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.recall import rule
+from agent.recall.options import RefreshOptions
 from sessions import Session, SessionStore, Turn
 
 if TYPE_CHECKING:  # the browsing half of the service imports `is_recall` without torch
     from agent.runtime.checkpoint import LoadedModel
-    from agent.runtime.sampling import SamplingOptions
 
 ROLE = rule.BLOCK_ROLE
 RECENT_TURNS = 64  # turns within the horizon looked at for statements that supersede faded ones
@@ -52,16 +52,16 @@ class RecallRefresh:
             self._model_horizon = recall_horizon(self.lm)
         return self._model_horizon
 
-    def horizon(self, opts: SamplingOptions) -> int:
-        return opts.refresh_horizon or self.model_horizon()[0]
+    def horizon(self, opts: RefreshOptions) -> int:
+        return opts.horizon or self.model_horizon()[0]
 
     def block_ids(self, text: str) -> list[int]:
         return self.lm.template.message(self.lm.tokenizer, ROLE, text)
 
-    def plan(self, session: Session, message: str, opts: SamplingOptions) -> RecallPlan | None:
+    def plan(self, session: Session, message: str, opts: RefreshOptions) -> RecallPlan | None:
         """The recall block to fold before `message`, or None (refresh off, nothing faded
         and relevant). The message itself is not stored yet, so it is never a candidate."""
-        if not opts.refresh:
+        if not opts.on:
             return None
         words = rule.query_words(message)
         if not words:
@@ -76,7 +76,7 @@ class RecallRefresh:
         recent = [t for t in self.store.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
         candidates = [rule.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
                       for t in [*faded, *recent] if not is_recall(t)]
-        block = rule.build_block(message, candidates, horizon=horizon, budget=opts.refresh_tokens, encode=self.block_ids)
+        block = rule.build_block(message, candidates, horizon=horizon, budget=opts.tokens, encode=self.block_ids)
         if block is None:
             return None
         return RecallPlan(block.text, block.token_ids, [r.turn_id for r in block.chosen], horizon)

@@ -19,12 +19,13 @@ import hashlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Mapping, Protocol, Sequence
 
 import torch
 
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
+from agent.chat.options import SessionOptions
 from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
 from agent.chat.recall import RecallRefresh
 from agent.chat.types import (
@@ -42,7 +43,7 @@ from agent.chat.types import (
 )
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
-from agent.runtime.sampling import SamplingOptions, make_generator
+from agent.runtime.sampling import make_generator
 from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
 from agent.runtime.tokenizer import StreamDecoder
 from sessions import Session, SessionError, SessionStore, StateError, StateMeta, Turn
@@ -67,18 +68,26 @@ class CheckResult(Protocol):
 
 
 class ChatService(SessionBrowsing):
-    """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
+    """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`.
+
+    `options` are the values given at the edge (`-o KEY VALUE`, parsed by
+    `agent.chat.options.parse_pairs`): a new session starts from them, and a resumed one
+    keeps its stored options with these on top. The service is the one owner of the live
+    `SessionOptions` and stores them, typed, whenever they change."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
-                 device: str = "cpu", options: SamplingOptions | None = None,
+                 device: str = "cpu", options: Mapping[str, object] | None = None,
                  initial_state: RecurrentState | None = None, check: StateCheck | None = None) -> None:
         self.store = store
         self.lm = lm
         self.model_id = model_id
         self.runner = runner or EagerRunner(lm.model)
         self.device = device
-        self.defaults = options or SamplingOptions()
-        self.options = self.defaults
+        self.given = dict(options or {})
+        try:
+            self.options = SessionOptions().with_values(self.given)
+        except ValueError as exc:
+            raise ChatError(str(exc)) from None
         self.refresher = RecallRefresh(lm, store)
         self.check = check
         self._session: Session | None = None
@@ -144,12 +153,13 @@ class ChatService(SessionBrowsing):
             _check_text(system, "system prompt")
             ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
             _, state = self.runner.prefill(ids, self._fresh_state())
+            options = SessionOptions().with_values(self.given)  # not the last session's /set values
             session = self.store.create_session(
                 model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
-                options=self._options_delta(), state=self._blob(state), state_meta=self._meta(state))
+                options=options.stored(), state=self._blob(state), state_meta=self._meta(state))
             self._take(session)
             self._state = state
-            self.options = self.defaults
+            self.options = options
             return self._view(session)
 
     def resume(self, uid_prefix: str | None = None) -> SessionView:
@@ -163,7 +173,7 @@ class ChatService(SessionBrowsing):
             if session is None:
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
-            self.options = self.defaults.with_pairs((k, str(v)) for k, v in session.options.items())
+            self._adopt_options(session)
             fold_interrupted(self, session)
             check_token_chain(self.store, session)
             self._state = self._load_state(session)
@@ -227,7 +237,7 @@ class ChatService(SessionBrowsing):
             _check_text(text, "message")
             state = self._state_now()
             ids = self.lm.template.message(self.lm.tokenizer, "user", text)
-            recall = self._guard(lambda: self.refresher.plan(session, text, self.options))
+            recall = self._guard(lambda: self.refresher.plan(session, text, self.options.refresh))
             block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
             if recall is not None:
                 _, state = self.runner.prefill(recall.token_ids, state)
@@ -245,7 +255,7 @@ class ChatService(SessionBrowsing):
                 raise ChatError("the last turn is not a reply; send a message first, then regenerate its reply")
             state = self._load_state(session, head.parent_id)
             self._state = state
-            seed = self.options.seed
+            seed = self.options.sampling.seed
             if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
                 seed += len(self.store.siblings(head.id))
             yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
@@ -275,7 +285,7 @@ class ChatService(SessionBrowsing):
             turn = self._guard(lambda: self.store.begin_turn(session.id, role="assistant"))
         yield TurnStarted(user_turn, turn.id, recall_turn)
         prefix = template.reply_prefix(tok)
-        opts = self.options
+        opts = self.options.sampling
         gen = None
         decoder, text, status, error = StreamDecoder(tok), "", "complete", None
         t0 = last_flush = last_beat = time.monotonic()
@@ -402,17 +412,24 @@ class ChatService(SessionBrowsing):
         return self.new_session(system=text, name=None)
 
     def set_option(self, key: str, value: str) -> None:
+        """`/set KEY VALUE`: parsed once, applied to the live options and stored typed."""
         with self._lock:
             try:
-                self.options = self.options.with_pairs([(key, value)])
+                self.options = self.options.with_text([(key, value)])
             except ValueError as exc:
                 raise ChatError(str(exc)) from None
             if self._session is not None:
-                self._session = self._guard(lambda: self.store.set_options(self._session.id, self._options_delta()))
+                self._session = self._guard(lambda: self.store.set_options(self._session.id, self.options.stored()))
 
-    def _options_delta(self) -> dict[str, object]:
-        base, cur = SamplingOptions().to_dict(), self.options.to_dict()
-        return {k: v for k, v in cur.items() if v != base[k] and k != "stop"}
+    def _adopt_options(self, session: Session) -> None:
+        """A resumed session's stored options with the edge's on top; stored again when that
+        changes them (or when an older database held them as text)."""
+        try:
+            self.options = SessionOptions().with_values(session.options).with_values(self.given)
+        except ValueError as exc:
+            raise ChatError(f"session {session.uid[:8]} has a stored option that cannot be used: {exc}") from None
+        if self.options.stored() != session.options:
+            self._session = self._guard(lambda: self.store.set_options(session.id, self.options.stored()))
 
     _guard = staticmethod(guarded)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "default"
 INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
-OPTION_HELP = "Sampling option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop."
+OPTION_HELP = "Option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop; recall refresh: refresh (on|off), refresh_tokens, refresh_horizon."
 
 # Options shared by `ask` and `chat` (one declaration each, so the two cannot drift).
 CONTINUE_OPT = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session.")
@@ -91,13 +91,13 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
     state that cannot be used is returned as the second value with `defer_unusable` (the
     TUI asks the user), or else an error."""
+    from agent.chat.options import parse_pairs
     from agent.chat.service import ChatService
     from agent.chat.types import ChatError, StateUnusableError
     from agent.probes.session_check import check_state
     from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.quant import QUANT_MODES, quantize_loaded
-    from agent.runtime.sampling import SamplingOptions
     from agent.cli.store import open_store
     from sessions import SessionError
 
@@ -106,6 +106,10 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
         raise _fail("use either -c/--continue or --session ID, not both")
     if system is not None and (session or cont):
         raise _fail("--system applies to a new session; a resumed state has already read its system prompt (use /system in chat to start a new session)")
+    try:
+        given = parse_pairs(options)  # a resumed session keeps its stored options, with these on top
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     store = open_store(settings)
     try:
         target = None
@@ -133,10 +137,6 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             raise _fail(f"{exc}{hint}") from None
         except (DeviceUnavailableError, ValueError) as exc:
             raise _fail(str(exc)) from None
-        try:
-            opts = SamplingOptions().with_pairs(options)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
         start = None
         if initial_state is not None:
             from agent.runtime.state import StateError as RuntimeStateError
@@ -149,7 +149,7 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             except RuntimeStateError as exc:
                 raise _fail(f"initial state {initial_state}: {exc}") from None
         service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
-                              options=opts, initial_state=start, check=check_state)
+                              options=given, initial_state=start, check=check_state)
         unusable: Optional[Exception] = None
         try:
             if target is None:
@@ -168,8 +168,6 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
                 if rebuild_state:
                     for ev in service.rebuild_state():
                         _progress(ev.label, ev.done, ev.total)
-                for key, value in options:
-                    service.set_option(key, value)
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None

@@ -14,6 +14,7 @@ import torch
 from agent.chat.types import ChatError, ProgressEvent, StateUnusableError, StatsEvent, TokenEvent, TurnFinished, TurnStarted
 from agent.runtime.checkpoint import load_model
 from agent.runtime.state import RecurrentState
+from sessions import SessionStore
 
 
 def replayed(svc) -> RecurrentState:
@@ -285,9 +286,9 @@ def test_options_validate_and_persist(make_service):
     with pytest.raises(ChatError, match="unknown sampling option"):
         svc.set_option("warp", "9")
     svc.close()
-    other = make_service()
+    other = make_service(given={})  # nothing given at the edge: the stored value
     other.resume(uid)
-    assert other.options.temperature == 0
+    assert other.options.sampling.temperature == 0
 
 
 def test_non_utf8_message_is_refused(make_service):
@@ -305,3 +306,45 @@ def test_huge_paste_is_stored_whole(make_service):
     last = run(svc.send(big))[-1]
     user = svc.store.get_turn(last.turn.parent_id)
     assert user.content == big and user.n_tokens == 30_000 + 3
+
+
+def test_a_new_session_stores_the_options_it_runs_with(make_service):
+    """/set temperature 0.2, then /new: the new session runs at the given 0.8, and stores and
+    resumes with 0.8, not the old session's 0.2 (it stored that before resetting)."""
+    svc = make_service()  # given at the edge: temperature 0.8, seed 1, max_new_tokens 12
+    svc.new_session()
+    svc.set_option("temperature", "0.2")
+    uid = svc.new_session().uid
+    assert svc.options.sampling.temperature == 0.8
+    assert svc.store.get_session(uid).options == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12}
+    svc.close()
+    plain = make_service(given={})  # nothing given at the edge: what the session stored
+    plain.resume(uid)
+    assert plain.options.sampling.temperature == 0.8
+
+
+def test_options_are_stored_typed_and_edge_values_apply_once(make_service):
+    svc = make_service(stop=["END"])
+    uid = svc.new_session().uid
+    svc.set_option("top_p", "0.5")
+    svc.set_option("refresh", "off")
+    stored = svc.store.get_session(uid).options
+    assert stored == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12, "stop": ["END"], "top_p": 0.5, "refresh": False}
+    svc.close()
+    again = make_service(stop=["END"], temperature=0.3)  # the edge's values go on top of the stored ones
+    again.resume(uid)
+    assert again.options.sampling.stop == ("END",) and again.options.sampling.top_p == 0.5
+    assert again.store.get_session(uid).options["temperature"] == 0.3
+
+
+def test_an_older_database_s_text_options_resume_and_are_stored_typed(make_service, db_path):
+    svc = make_service()
+    uid = svc.new_session().uid
+    svc.close()
+    with SessionStore.open(db_path) as store:  # the shape an older laplace wrote
+        store.set_options(uid, {"temperature": "0.2", "top_k": "5", "refresh": "False", "seed": "None"})
+    again = make_service()
+    again.resume(uid)
+    assert again.options.sampling.top_k == 5 and again.options.refresh.on is False
+    assert again.store.get_session(uid).options == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12, "top_k": 5,
+                                                     "refresh": False}

@@ -52,7 +52,7 @@ def test_refresh_off_adds_nothing_and_is_stored_with_the_session(make_service):
     on.close()
     again = make_service(refresh_horizon=200)
     again.resume(uid)
-    assert again.options.refresh is False
+    assert again.options.refresh.on is False
 
 
 def test_turns_within_the_horizon_and_unrelated_turns_are_not_recalled(make_service):
