@@ -75,7 +75,7 @@ def test_chat_still_takes_o_key_value_pairs(monkeypatch: pytest.MonkeyPatch) -> 
 
     seen: list[object] = []
 
-    def opened(**kwargs: object) -> None:
+    def opened(_settings: object, **kwargs: object) -> None:
         seen.append(kwargs["options"])
         raise typer.Exit(0)
 

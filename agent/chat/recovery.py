@@ -1,6 +1,7 @@
 """Recovery and integrity checks that `ChatService` runs when it takes a session.
 
-Split from `agent/chat/service.py` to keep that file to the turn loop. Three jobs:
+Split from `agent/chat/service.py` to keep that file to the turn loop; the replay itself is
+`replay.py`. Three jobs:
 
 - `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
   the lease) but was never folded into the state; fold its kept text now, so the promise
@@ -17,24 +18,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from agent.chat.browse import guarded
+from agent.chat.replay import Replaying, load_state
 from agent.chat.types import ChatError, StateUnusableError
 from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, StateMeta, Turn
 
 if TYPE_CHECKING:
-    from agent.runtime.checkpoint import LoadedModel
-    from agent.runtime.generation import EagerRunner
     from agent.runtime.state import RecurrentState
 
 
-class RecoveringService(Protocol):
+class RecoveringService(Replaying, Protocol):
     """What recovery uses of `ChatService`, spelled out so this module need not import
     agent.chat.service (which imports this one)."""
-
-    store: SessionStore
-    lm: LoadedModel
-    runner: EagerRunner
-
-    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState: ...
 
     def _blob(self, state: RecurrentState) -> bytes: ...
 
@@ -61,7 +55,7 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
     blob = meta = None
     if with_state:
         try:
-            _, after = service.runner.prefill(ids, service._load_state(session, head.parent_id))
+            _, after = service.runner.prefill(ids, load_state(service, session, head.parent_id))
         except StateUnusableError:
             return
         blob, meta = service._blob(after), service._meta(after)

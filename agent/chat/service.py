@@ -19,22 +19,23 @@ import hashlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Protocol, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
 from agent.chat.options import SessionOptions
-from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
 from agent.chat.recall import RecallRefresh
+from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
+from agent.chat.replay import load_state, replay
 from agent.chat.types import (
     ChatError,
     ChatEvent,
     ProbeAnswer,
     ProgressEvent,
     SessionView,
-    StateUnusableError,
+    StateCheck,
     StatsEvent,
     TokenEvent,
     TurnFinished,
@@ -44,27 +45,12 @@ from agent.chat.types import (
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
 from agent.runtime.sampling import make_generator
-from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
+from agent.runtime.state import RecurrentState
 from agent.runtime.tokenizer import StreamDecoder
-from sessions import Session, SessionError, SessionStore, StateError, StateMeta, Turn
+from sessions import Session, SessionError, SessionStore, StateMeta, Turn
 
 FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
 HEARTBEAT_EVERY_S = 5.0
-
-
-class StateCheck(Protocol):
-    """Asks a copy of a state a question and, with `expect`, judges the answer: what `probe`
-    runs. The CLI passes `agent.probes.session_check.check_state`, the same check as
-    `laplace probe session`, so chat itself never imports the probes."""
-
-    def __call__(self, loaded: LoadedModel, state: RecurrentState, question: str, *, expect: str | None,
-                 answer_tokens: int) -> CheckResult: ...
-
-
-class CheckResult(Protocol):
-    answer: str
-    verdict: str
-    reason: str
 
 
 class ChatService(SessionBrowsing):
@@ -176,33 +162,8 @@ class ChatService(SessionBrowsing):
             self._adopt_options(session)
             fold_interrupted(self, session)
             check_token_chain(self.store, session)
-            self._state = self._load_state(session)
+            self._state = load_state(self, session)
             return self._view(self.store.get_session(session.id))
-
-    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState:
-        """The state after `turn_id` (default: head) from the newest snapshot on the branch,
-        folding any turns stored after it (e.g. a user message whose reply crashed)."""
-        try:
-            turn = self.store.get_turn(turn_id if turn_id is not None else session.head_turn_id)
-            snap = self.store.latest_snapshot(session.id, turn.id)
-            if snap is None:
-                raise StateUnusableError(
-                    f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
-            data = self.store.load_state(snap, expected_fingerprint=self.fingerprint)
-            state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.fingerprint, device=self.runner.device)
-        except (StateError, RuntimeStateError) as exc:
-            hint = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else \
-                " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
-            # The runtime's own messages only say "replay the transcript": name the way to do it.
-            how = "" if "--rebuild-state" in str(exc) else \
-                f"; to replay the transcript: laplace chat --session {session.uid[:8]} --rebuild-state"
-            raise StateUnusableError(f"{exc}{hint}{how}") from None
-        state.n_tokens = snap.n_tokens
-        if turn.tokens_total > snap.n_tokens:
-            for ids in self.store.branch_token_ids(session.id, turn.id, after_turn_id=snap.turn_id):
-                if ids:
-                    _, state = self.runner.prefill(ids, state)
-        return state
 
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
@@ -210,13 +171,15 @@ class ChatService(SessionBrowsing):
             session = self._require()
             head = prepare_rebuild(self, session)
             state, done = self._fresh_state(), 0
-            for ids in self.store.branch_token_ids(session.id, head.id):
-                if cancel is not None and cancel.is_set():
+            turns = replay(self.runner, self.store, session.id, head.id, state)
+            while True:
+                if cancel is not None and cancel.is_set():  # between turns: nothing is stored
                     yield ProgressEvent("rebuild cancelled", done, head.tokens_total)
                     return
-                if ids:
-                    _, state = self.runner.prefill(ids, state)
-                done += len(ids)
+                try:
+                    done, state = next(turns)
+                except StopIteration:
+                    break
                 yield ProgressEvent("replaying transcript", done, head.tokens_total)
             if head.status == "streaming":
                 raise ChatError(f"turn {head.id} is still being written by another process")
@@ -225,7 +188,7 @@ class ChatService(SessionBrowsing):
 
     def _state_now(self) -> RecurrentState:
         if self._state is None:
-            self._state = self._load_state(self._require())
+            self._state = load_state(self, self._require())
         return self._state
 
     # ---- turns --------------------------------------------------------------------------
@@ -253,7 +216,7 @@ class ChatService(SessionBrowsing):
             head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
             if head.role != "assistant":
                 raise ChatError("the last turn is not a reply; send a message first, then regenerate its reply")
-            state = self._load_state(session, head.parent_id)
+            state = load_state(self, session, head.parent_id)
             self._state = state
             seed = self.options.sampling.seed
             if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
@@ -272,7 +235,7 @@ class ChatService(SessionBrowsing):
             target = sibs[(index + step) % len(sibs)]
             guarded(lambda: self.store.set_head(session.id, target.id, descend=True))
             self._session = self.store.get_session(session.id)
-            self._state = self._load_state(self._session)  # the branch's newest snapshot
+            self._state = load_state(self, self._session)  # the branch's newest snapshot
             return self._turn_view(self.store.get_turn(target.id))
 
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
@@ -398,7 +361,7 @@ class ChatService(SessionBrowsing):
             forked = self._guard(lambda: self.store.fork(session.id, at_turn))
             self._take(forked)
             fold_interrupted(self, forked)
-            self._state = self._load_state(forked)
+            self._state = load_state(self, forked)
             return self._view(forked)
 
     def rename(self, name: str) -> SessionView:

@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand
 
 from agent.cli.errors import fail as _fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _progress(label: str, done: int, total: int) -> None:
     typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", err=True, nl=done >= total)
 
 
-def open_service(*, model: Optional[str], session: Optional[str], cont: bool, device: str,
+def open_service(settings: Settings, *, model: Optional[str], session: Optional[str], cont: bool, device: str,
                  options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str],
                  defer_unusable: bool = False, initial_state: Optional[Path] = None) -> tuple["ChatService", Optional[Exception]]:
     """Resolve the model (a resumed session's own model unless -m is given), open the store,
@@ -101,7 +102,6 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     from agent.cli.store import open_store
     from sessions import SessionError
 
-    settings = Settings.from_env()
     if session and cont:
         raise _fail("use either -c/--continue or --session ID, not both")
     if system is not None and (session or cont):
@@ -214,6 +214,7 @@ def read_prompt(prompt: str) -> str:
 
 
 def ask(
+    ctx: typer.Context,
     prompt: str = typer.Argument(..., help="The message; '-' reads it from stdin."),
     cont: bool = CONTINUE_OPT,
     session: Optional[str] = SESSION_OPT,
@@ -229,9 +230,9 @@ def ask(
     from agent.chat.types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
-    service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
+    service, _ = open_service(settings_of(ctx), model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
                               rebuild_state=rebuild_state, system=system, initial_state=initial_state)
-    from agent.textsafe import displayable
+    from agent.display import displayable
 
     show = displayable if sys.stdout.isatty() else (lambda text: text)  # pipes get the exact bytes
     started = finished = stats = None
@@ -272,7 +273,7 @@ def ask(
         raise _fail("generation failed; the partial reply was saved, marked error")
 
 
-def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
+def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     """`[keys]` of a TOML file: binding id -> "key[,key]", checked before the model loads.
     Default: $LAPLACE_HOME/keymap.toml, used only if it exists; a --keymap file must exist."""
     import tomllib
@@ -283,7 +284,7 @@ def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
     if path is not None and not path.is_file():
         raise _fail(f"keymap {path} does not exist; check the --keymap path" if not path.exists()
                     else f"keymap {path} is not a file; pass a TOML file to --keymap")
-    path = path or Settings.from_env().home / "keymap.toml"
+    path = path or home / "keymap.toml"
     if not path.is_file():
         return None
     try:
@@ -304,6 +305,7 @@ def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
 
 
 def chat(
+    ctx: typer.Context,
     cont: bool = CONTINUE_OPT,
     session: Optional[str] = SESSION_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -315,8 +317,9 @@ def chat(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """The chat TUI: a new session, or resume one with -c / --session."""
-    keys = load_keymap(keymap)
-    service, unusable = open_service(model=model, session=session, cont=cont, device=device,
+    settings = settings_of(ctx)
+    keys = load_keymap(keymap, settings.home)
+    service, unusable = open_service(settings, model=model, session=session, cont=cont, device=device,
                                      options=parse_option_pairs(option), rebuild_state=rebuild_state,
                                      system=system, defer_unusable=True, initial_state=initial_state)
     from agent.tui.factory import create_app

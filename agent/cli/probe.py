@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from agent.cli.errors import fail as _fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 app = typer.Typer(help="Measure what a fixed state still remembers.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -57,6 +57,7 @@ def _threads(n: int) -> None:
 
 @app.command("run")
 def run(
+    ctx: typer.Context,
     model: str = MODEL_OPT,
     suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full | refresh"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped (default: quick 45, standard 600)."),
@@ -83,7 +84,7 @@ def run(
     from agent.probes.table import render
     from agent.probes.tasks import STYLES, default_style
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     try:
         chosen = get_suite(suite)
     except ValueError as exc:
@@ -136,6 +137,7 @@ def run(
 
 @app.command("natural")
 def natural(
+    ctx: typer.Context,
     model: str = MODEL_OPT,
     distances: str = typer.Option("0,256,512,1024,2048", "--distances", help="Comma-separated token distances, e.g. 0,256,512,2048."),
     trials: int = typer.Option(16, "--trials", help="Conversations per distance (spread over the concepts)."),
@@ -150,7 +152,7 @@ def natural(
     often a detail never given is answered "not told"; refresh off and on in one run."""
     from agent.probes.natural import render as render_natural
     from agent.probes.natural import run_natural
-    from agent.textsafe import json_for_terminal
+    from agent.display import json_for_terminal
 
     try:
         ds = [int(x) for x in distances.split(",") if x.strip()]
@@ -163,7 +165,7 @@ def natural(
     _refresh_mode(refresh)
     if out is not None and not out.parent.is_dir():  # before the run, not after it
         raise _fail(f"cannot write {out}: no folder {out.parent}; create it or give another --out")
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     _threads(threads)
     loaded, dev = _load(model, device or settings.device, settings)
     t0 = time.perf_counter()
@@ -227,6 +229,7 @@ def _file_digest(db: Path) -> str:
 
 @app.command("session")
 def session(
+    ctx: typer.Context,
     session_id: str = typer.Argument(..., help="Session id (a unique prefix is enough)."),
     ask: str = typer.Option(..., "--ask", help="The question, e.g. 'What is my locker code?'"),
     expect: Optional[str] = typer.Option(None, "--expect", help="The answer it should remember; without it, print the model's answer."),
@@ -238,7 +241,7 @@ def session(
     """Ask a copy of a saved session's state; the database is opened read-only and left byte-identical."""
     if expect is not None and not expect.strip():
         raise _fail("--expect must not be empty")
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     db = settings.db_path
     if not db.exists():
         raise _fail(f"no session database at {db}")
@@ -327,6 +330,3 @@ def _print_check(d: dict[str, Any]) -> None:
                  f"bytes {'unchanged' if d['bytes_unchanged'] else 'CHANGED'}, database {'unchanged' if d['database_unchanged'] else 'CHANGED'}")
     typer.echo("\n".join(lines))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    app(sys.argv[1:])

@@ -231,7 +231,7 @@ def _samples(mode: str, d: int, convs: list[Conversation], replies: list[tuple[s
 
 def render(report: dict[str, Any]) -> str:
     """The report as a terminal table: one row per (refresh mode, distance), then samples."""
-    from agent.textsafe import displayable
+    from agent.display import displayable
 
     m, s, hz = report["model"], report["settings"], report["horizon"]
     lines = [f"laplace probe natural: model {m['name']} ({m['fingerprint'][:12]}), {s['trials']} trials per row, "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli.probe import app
+from agent.cli import app
 from agent.probes.engine import advance
 from sessions import SessionStore, StateMeta
 
@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def _invoke(home: Path, *args: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, list(args), env={"LAPLACE_HOME": str(home), "LAPLACE_DEVICE": "cpu"})
+    return runner.invoke(app, ["probe", *args], env={"LAPLACE_HOME": str(home), "LAPLACE_DEVICE": "cpu"})
 
 
 def _one_error_line(result) -> None:  # type: ignore[no-untyped-def]

@@ -8,22 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from agent.cli import sessions as cli_sessions
+from agent.cli import app
 from agent.settings import Settings
 from sessions import SessionStore
 
 from .conftest import converse, tokens_of
 
-root = typer.Typer()
-root.add_typer(cli_sessions.app, name="sessions")
 runner = CliRunner()
 
 
 def run(*args: str, input: str | None = None):
-    return runner.invoke(root, ["sessions", *args], input=input)
+    return runner.invoke(app, ["sessions", *args], input=input)
 
 
 @pytest.fixture

@@ -9,18 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import typer
 
-from agent.cli.finetune import finetune_command
+from agent.cli import app
 from agent.runtime.checkpoint import load_model, save_model_dir
 from agent.settings import Settings
 from agent.train.__main__ import config_to_argv, parse_config
 from agent.train.config import TrainConfig
 
 runner = CliRunner()
-app = typer.Typer()
-app.command("finetune")(finetune_command)
-app.command("other")(lambda: None)  # two commands: "finetune" is a subcommand, as under `laplace`
 BASE = ["-m", "tiny", "--seq-len", "32", "--batch-tokens", "64", "--lr", "3e-3"]
 
 

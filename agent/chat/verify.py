@@ -1,11 +1,12 @@
 """`laplace sessions verify`: a deep check that a session's state agrees with its transcript.
 
-Two levels. The default needs only the store: recompute the token-stream hash chain from
-every stored token id on the current branch, and check each snapshot on it (checksum,
-token count, chain hash). `replay` also needs the model: fold the branch's token ids into
-a fresh state and compare it with the newest stored state, tensor by tensor. Resume runs
-only the hashing part of the first level (`agent/chat/recovery.py`); this is the slow,
-thorough one. Torch is imported only for the replay, so the default stays light.
+Two levels. `verify_session` needs only the store: recompute the token-stream hash chain
+from every stored token id on the current branch, and check each snapshot on it (checksum,
+token count, chain hash). `compare_replay` also needs the model, which the CLI loads and
+passes in: the branch up to its newest snapshot goes through the one replay (`replay.py`)
+into a fresh state, compared with the stored one tensor by tensor. Resume runs only the
+hashing part of the first level (`recovery.py`); this is the slow, thorough one. Torch is
+imported only for the comparison, so the default check stays light.
 
 A failed check raises `VerifyFailed` with one line that names the cause and the way out.
 """
@@ -13,10 +14,14 @@ A failed check raises `VerifyFailed` with one line that names the cause and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING
 
-from agent.settings import Settings
-from sessions import SessionStore, StateError
+from agent.chat.replay import replayed
+from sessions import Session, SessionStore, Snapshot, StateError
+
+if TYPE_CHECKING:
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.generation import EagerRunner
 
 # The stored state was built from prefill segments and one-token decode steps; a replay
 # folds whole turns in chunks. In fp32 the two agree to accumulation order (a wrong or
@@ -34,14 +39,17 @@ class ReplayResult:
     n_tokens: int
     max_difference: float
 
+    def line(self) -> str:
+        return (f"replay: the stored state after turn {self.turn_id} ({self.n_tokens:,} tokens) matches a fresh replay "
+                f"of the transcript (max difference {self.max_difference:.2g})")
+
 
 def _rebuild(uid: str) -> str:
     return f"laplace chat --session {uid[:8]} --rebuild-state"
 
 
-def verify_session(store: SessionStore, ref: str, *, replay: bool = False, model: Optional[str] = None,
-                   device: Optional[str] = None) -> list[str]:
-    """The report lines of a passed check; raises VerifyFailed otherwise."""
+def verify_session(store: SessionStore, ref: str) -> list[str]:
+    """The report lines of a passed chain and snapshot check; raises VerifyFailed otherwise."""
     s = store.get_session(ref)
     try:
         tokens = store.check_chain(s.id)  # names the first turn whose ids break the chain
@@ -54,49 +62,36 @@ def verify_session(store: SessionStore, ref: str, *, replay: bool = False, model
              f"{len(snaps)} snapshot(s) on this branch pass checksum and chain checks"]
     if head.status == "streaming":
         lines.append(f"note: turn {head.id} is still streaming (a writer is busy or crashed); it is checked once committed")
-    if replay:
-        r = replay_newest(store, ref, model=model, device=device)
-        lines.append(f"replay: the stored state after turn {r.turn_id} ({r.n_tokens:,} tokens) matches a fresh replay "
-                     f"of the transcript (max difference {r.max_difference:.2g})")
     return lines
 
 
-def replay_newest(store: SessionStore, ref: str, *, model: Optional[str] = None,
-                  device: Optional[str] = None) -> ReplayResult:
-    """Replay the branch up to the newest snapshot into a fresh state and compare."""
-    import torch
-
-    from agent.runtime.checkpoint import ModelLoadError, load_model
-    from agent.runtime.device import DeviceUnavailableError, resolve_device
-    from agent.runtime.generation import EagerRunner
-    from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
-
+def newest_snapshot(store: SessionStore, ref: str) -> tuple[Session, Snapshot]:
+    """The session and the snapshot a replay is compared with; VerifyFailed when there is none."""
     s = store.get_session(ref)
     snap = store.latest_snapshot(s.id)
     if snap is None:
         raise VerifyFailed(f"session {s.short_id} has no stored state on this branch to compare; "
                            f"make one by replaying the transcript: {_rebuild(s.uid)}")
-    settings = Settings.from_env()
-    try:
-        dev = resolve_device(device or settings.device)
-        lm = load_model(model or s.model_id, device=dev, models_dir=settings.models_dir)
-    except (ModelLoadError, DeviceUnavailableError) as exc:
-        raise VerifyFailed(str(exc)) from None
+    return s, snap
+
+
+def compare_replay(store: SessionStore, s: Session, snap: Snapshot, lm: LoadedModel, runner: EagerRunner) -> ReplayResult:
+    """Replay the branch up to `snap` into a fresh state of `lm` and compare it with `snap`."""
+    import torch
+
+    from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
+
+    device = runner.device
     try:
         data = store.load_state(snap, expected_fingerprint=lm.fingerprint)
-        stored = RecurrentState.from_bytes(data, config=lm.config, fingerprint=lm.fingerprint, device=dev)
+        stored = RecurrentState.from_bytes(data, config=lm.config, fingerprint=lm.fingerprint, device=device)
     except StateError as exc:
         raise VerifyFailed(f"{exc} (or pass the model it was made with: -m MODEL; a session started with "
                            "--initial-state cannot be replayed here)") from None
     except RuntimeStateError as exc:
         raise VerifyFailed(f"stored state for session {s.short_id} turn {snap.turn_id} cannot be read ({exc}); "
                            f"rebuild it by replaying the transcript: {_rebuild(s.uid)}") from None
-    runner = EagerRunner(lm.model)
-    state = lm.model.new_state(1)
-    with torch.inference_mode():
-        for ids in store.branch_token_ids(s.id, snap.turn_id):
-            if ids:
-                _, state = runner.prefill(ids, state)
+    state = replayed(runner, store, s.id, snap.turn_id, lm.model.new_state(1))
     diff = max(float((stored.gla - state.gla).abs().max()), float((stored.conv - state.conv).abs().max()))
     same = (torch.allclose(stored.gla, state.gla, rtol=RTOL, atol=ATOL)
             and torch.allclose(stored.conv, state.conv, rtol=RTOL, atol=ATOL))
