@@ -59,7 +59,7 @@ def test_keymap_validation() -> None:
 
 
 def test_tui_imports_no_runtime_torch_or_store() -> None:
-    code = ("import sys, agent.tui, agent.bench.tui, agent.tui.fake_service; "
+    code = ("import sys, agent.tui, agent.tui.factory; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sqlite_utils', 'sessions') "
             "or m.startswith('agent.runtime') or m == 'agent.chat.service']; print(bad); assert not bad")
     subprocess.run([sys.executable, "-c", code], check=True)
