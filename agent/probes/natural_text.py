@@ -3,8 +3,8 @@
 A `Concept` is one kind of detail a user mentions in passing ("my sister is called Vera",
 "I parked on level 4"): the kind of value it holds, the assistant's answer when asked, and
 its reply when the detail was never given. Each concept here carries the phrasings that
-`laplace probe natural` states and asks it in. The default model's recipe
-(recipes/default_model/natural.py) trains on the same concepts in *other* phrasings, never
+`laplace probe natural` states and asks it in. Phase 6's training trial
+(recipes/experiments/natural.py) trains on the same concepts in *other* phrasings, never
 these (a test checks it), so a score here is recall of a detail said in words the model
 has not seen said that way.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agent.recall import rule
 
 # Value pools the probe draws from. The recipe's training values come from other pools
-# (recipes/default_model/natural.py), so a recalled value is copied, not guessed.
+# (recipes/experiments/natural.py), so a recalled value is copied, not guessed.
 HELDOUT_VALUES: dict[str, tuple[str, ...]] = {
     "person": tuple("Greta Hugo Ines Jonas Katya Lars Marta Nico Olga Pavel Rhea Stefan Thea Ulf Vera Willa".split()),
     "place": tuple("Kyoto Bergen Tallinn Ghent Krakow Seville Bordeaux Cork Tromso Lyon".split()),
