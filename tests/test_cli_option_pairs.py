@@ -38,7 +38,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_sessions_export_takes_o_before_the_session_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Settings.from_env().ensure_home()
     with SessionStore.open(Settings.from_env().db_path) as store:
-        uid = store.create_session(model_id="tiny", system_prompt="be brief", system_token_ids=[1, 2]).uid
+        uid = store.turns.create_session(model_id="tiny", system_prompt="be brief", system_token_ids=[1, 2]).uid
     out = tmp_path / "out.md"
     assert run_main(monkeypatch, "sessions", "export", "-o", str(out), uid[:8]) == 0
     assert "be brief" in out.read_text()
@@ -66,7 +66,7 @@ def test_ask_still_takes_o_key_value_pairs(monkeypatch: pytest.MonkeyPatch, caps
     assert run_main(monkeypatch, *argv) == 0
     assert json.loads(capsys.readouterr().out)["new_tokens"] <= 3
     with SessionStore.open(Settings.from_env().db_path) as store:
-        [item] = store.list_sessions()
+        [item] = store.browse.list_sessions()
     assert item.session.options["max_new_tokens"] == 3 and item.session.options["seed"] == 4
 
 

@@ -57,13 +57,13 @@ def _history(service: ChatService, n_turns: int) -> str:
     """A new session holding `n_turns` alternating user/assistant turns, stored as text; its uid."""
     uid = service.new_session(name=f"history-{n_turns}").uid
     store = service.store
-    with store.transaction():
+    with store.core.transaction():
         for i in range(n_turns):
             if i % 2 == 0:
-                store.begin_turn(uid, role="user", content=f"question {i // 2}: what is {i} + {i}?")
+                store.turns.begin_turn(uid, role="user", content=f"question {i // 2}: what is {i} + {i}?")
             else:
-                turn = store.begin_turn(uid, role="assistant")
-                store.commit_turn(turn.id, content=f"Answer {i // 2}: **{i - 1 + i - 1}**.\n\n```\n{i}\n```")
+                turn = store.turns.begin_turn(uid, role="assistant")
+                store.turns.commit_turn(turn.id, content=f"Answer {i // 2}: **{i - 1 + i - 1}**.\n\n```\n{i}\n```")
     return uid
 
 

@@ -66,14 +66,14 @@ class RecallRefresh:
         words = rule.query_words(message)
         if not words:
             return None
-        head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+        head = self.store.tree.get_turn(self.store.core.get_session(session.id).head_turn_id)
         horizon = self.horizon(opts)
         # Faded candidates from the index (only those, so recent chatter cannot crowd them
         # out of its best hits); the turns within the horizon, which may supersede them,
         # from the branch's tail.
-        faded = self.store.branch_matches(session.id, words, turn_id=head.id, limit=rule.MAX_CANDIDATES,
+        faded = self.store.browse.branch_matches(session.id, words, turn_id=head.id, limit=rule.MAX_CANDIDATES,
                                           ending_by=head.tokens_total - horizon - 1)
-        recent = [t for t in self.store.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
+        recent = [t for t in self.store.tree.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
         candidates = [rule.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
                       for t in [*faded, *recent] if not is_recall(t)]
         block = rule.build_block(message, candidates, horizon=horizon, budget=opts.tokens, encode=self.block_ids)
@@ -85,13 +85,13 @@ class RecallRefresh:
                            ids: list[int]) -> tuple[Turn | None, Turn]:
         """Store the block (if any) as a complete `document` turn at the head, then the
         user's message after it, in one transaction: both land, or neither."""
-        with self.store.transaction():
+        with self.store.core.transaction():
             block = None
             if plan is not None:
-                turn = self.store.begin_turn(session.id, role=ROLE, content=plan.text, token_ids=plan.token_ids)
+                turn = self.store.turns.begin_turn(session.id, role=ROLE, content=plan.text, token_ids=plan.token_ids)
                 stats = {"kind": "recall", "turns": plan.turn_ids, "horizon": plan.horizon, "tokens": len(plan.token_ids)}
-                block = self.store.commit_turn(turn.id, status="complete", token_ids=plan.token_ids, stats=stats)
-            return block, self.store.begin_turn(session.id, role="user", content=text, token_ids=ids)
+                block = self.store.turns.commit_turn(turn.id, status="complete", token_ids=plan.token_ids, stats=stats)
+            return block, self.store.turns.begin_turn(session.id, role="user", content=text, token_ids=ids)
 
 
 def is_recall(turn: Turn) -> bool:

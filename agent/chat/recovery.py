@@ -47,7 +47,7 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
     next calls this with `with_state=False`, storing the ids that it then replays.
     """
     store = service.store
-    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    head = store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
     if head.role != "assistant" or head.status not in ("cancelled", "error") or head.n_tokens:
         return
     tok, template = service.lm.tokenizer, service.lm.template
@@ -60,7 +60,7 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
             return
         blob, meta = service._blob(after), service._meta(after)
     try:
-        store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta)
+        store.turns.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta)
     except InvalidTurnOperation:  # a state was stored after it before this fix: left unread
         return
     except SessionError as exc:
@@ -71,7 +71,7 @@ def check_token_chain(store: SessionStore, session: Session) -> None:
     """Raise StateUnusableError (the way out: rebuild) if the stored token ids along the
     head's branch do not give their recorded hash chain."""
     try:
-        store.check_chain(session.id)
+        store.chain.check_chain(session.id)
     except StateError as exc:
         raise StateUnusableError(str(exc)) from None
 
@@ -85,12 +85,12 @@ def prepare_rebuild(service: RecoveringService, session: Session) -> Turn:
     keep the undamaged part.
     """
     store = service.store
-    guarded(lambda: store.rechain(session.id))
+    guarded(lambda: store.chain.rechain(session.id))
     fold_interrupted(service, session, with_state=False)
-    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    head = store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
     vocab = service.lm.config.vocab_size
-    for turn in store.branch(session.id, head.id):
-        ids = store.turn_token_ids(turn.id)
+    for turn in store.tree.branch(session.id, head.id):
+        ids = store.tree.turn_token_ids(turn.id)
         if ids and not 0 <= min(ids) <= max(ids) < vocab:
             raise ChatError(f"turn {turn.id} holds token ids this model does not have; keep the part before "
                             f"it with `laplace sessions fork {session.uid[:8]} --at {turn.parent_id}`")

@@ -38,7 +38,7 @@ def replay(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: i
     when given) into `state`; yields (tokens folded so far, state) after each turn, so a
     caller can report progress or stop between turns."""
     done = 0
-    for ids in store.branch_token_ids(session_id, turn_id, after_turn_id=after_turn_id):
+    for ids in store.tree.branch_token_ids(session_id, turn_id, after_turn_id=after_turn_id):
         if ids:
             _, state = runner.prefill(ids, state)
         done += len(ids)
@@ -61,12 +61,12 @@ def load_state(service: Replaying, session: Session, turn_id: int | None = None)
 
     store = service.store
     try:
-        turn = store.get_turn(turn_id if turn_id is not None else session.head_turn_id)
-        snap = store.latest_snapshot(session.id, turn.id)
+        turn = store.tree.get_turn(turn_id if turn_id is not None else session.head_turn_id)
+        snap = store.states.latest(session.id, turn.id)
         if snap is None:
             raise StateUnusableError(
                 f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
-        data = store.load_state(snap, expected_fingerprint=service.fingerprint)
+        data = store.states.load(snap, expected_fingerprint=service.fingerprint)
         state = RecurrentState.from_bytes(data, config=service.lm.config, fingerprint=service.fingerprint,
                                           device=service.runner.device)
     except (StateError, RuntimeStateError) as exc:

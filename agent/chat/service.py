@@ -109,7 +109,7 @@ class ChatService(SessionBrowsing):
         """Become the writer of `session` (releasing the previous one)."""
         self._release()
         try:
-            self._lease = self.store.acquire_lease(session)
+            self._lease = self.store.leases.acquire(session)
         except SessionError as exc:
             raise ChatError(str(exc)) from None
         self._session = session
@@ -140,7 +140,7 @@ class ChatService(SessionBrowsing):
             ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
             _, state = self.runner.prefill(ids, self._fresh_state())
             options = SessionOptions().with_values(self.given)  # not the last session's /set values
-            session = self.store.create_session(
+            session = self.store.turns.create_session(
                 model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
                 options=options.stored(), state=self._blob(state), state_meta=self._meta(state))
             self._take(session)
@@ -153,7 +153,7 @@ class ChatService(SessionBrowsing):
         stored state cannot be trusted; the session stays selected so `rebuild_state` works."""
         with self._lock:
             try:
-                session = self.store.get_session(uid_prefix) if uid_prefix else self.store.most_recent_session()
+                session = self.store.core.get_session(uid_prefix) if uid_prefix else self.store.browse.most_recent_session()
             except SessionError as exc:
                 raise ChatError(str(exc)) from None
             if session is None:
@@ -163,7 +163,7 @@ class ChatService(SessionBrowsing):
             fold_interrupted(self, session)
             check_token_chain(self.store, session)
             self._state = load_state(self, session)
-            return self._view(self.store.get_session(session.id))
+            return self._view(self.store.core.get_session(session.id))
 
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
@@ -183,7 +183,7 @@ class ChatService(SessionBrowsing):
                 yield ProgressEvent("replaying transcript", done, head.tokens_total)
             if head.status == "streaming":
                 raise ChatError(f"turn {head.id} is still being written by another process")
-            self.store.put_snapshot(head.id, self._blob(state), self._meta(state))
+            self.store.states.put(head.id, self._blob(state), self._meta(state))
             self._state = state
 
     def _state_now(self) -> RecurrentState:
@@ -213,14 +213,14 @@ class ChatService(SessionBrowsing):
         """A new sibling reply to the last user message; the old reply stays in history."""
         with self._lock:
             session = self._require()
-            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            head = self.store.tree.get_turn(self.store.core.get_session(session.id).head_turn_id)
             if head.role != "assistant":
                 raise ChatError("the last turn is not a reply; send a message first, then regenerate its reply")
             state = load_state(self, session, head.parent_id)
             self._state = state
             seed = self.options.sampling.seed
             if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
-                seed += len(self.store.siblings(head.id))
+                seed += len(self.store.tree.siblings(head.id))
             yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
 
     def switch_sibling(self, turn_id: int, step: int) -> TurnView:
@@ -228,24 +228,24 @@ class ChatService(SessionBrowsing):
         its newest leaf. Every branch keeps its newest snapshot, so no replay is needed."""
         with self._lock:
             session = self._require()
-            sibs = guarded(lambda: self.store.siblings(turn_id))
+            sibs = guarded(lambda: self.store.tree.siblings(turn_id))
             if len(sibs) < 2:
                 raise ChatError("this turn has no other versions; regenerate a reply to make one")
             index = next(i for i, t in enumerate(sibs) if t.id == turn_id)
             target = sibs[(index + step) % len(sibs)]
-            guarded(lambda: self.store.set_head(session.id, target.id, descend=True))
-            self._session = self.store.get_session(session.id)
+            guarded(lambda: self.store.turns.set_head(session.id, target.id, descend=True))
+            self._session = self.store.core.get_session(session.id)
             self._state = load_state(self, self._session)  # the branch's newest snapshot
-            return self._turn_view(self.store.get_turn(target.id))
+            return self._turn_view(self.store.tree.get_turn(target.id))
 
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
                user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None,
                recall_turn: TurnView | None = None) -> Iterator[ChatEvent]:
         tok, template = self.lm.tokenizer, self.lm.template
         if regenerate_of is not None:
-            turn = self._guard(lambda: self.store.regenerate(regenerate_of))
+            turn = self._guard(lambda: self.store.turns.regenerate(regenerate_of))
         else:
-            turn = self._guard(lambda: self.store.begin_turn(session.id, role="assistant"))
+            turn = self._guard(lambda: self.store.turns.begin_turn(session.id, role="assistant"))
         yield TurnStarted(user_turn, turn.id, recall_turn)
         prefix = template.reply_prefix(tok)
         opts = self.options.sampling
@@ -264,7 +264,7 @@ class ChatService(SessionBrowsing):
                     yield TokenEvent(piece)
                 now = time.monotonic()
                 if now - last_flush > FLUSH_EVERY_S:
-                    self.store.update_streaming(turn.id, tok.decode(gen.tokens))
+                    self.store.turns.update_streaming(turn.id, tok.decode(gen.tokens))
                     last_flush = now
                 if now - last_beat > HEARTBEAT_EVERY_S and self._lease is not None:
                     self._lease.heartbeat()
@@ -308,10 +308,10 @@ class ChatService(SessionBrowsing):
         except Exception as exc:  # no trustworthy state: commit the text, replay later
             after, error = None, error or f"{type(exc).__name__}: {exc}"
             status = "error"
-        final = self.store.commit_turn(turn.id, content=content, status=status, token_ids=ids, stats=stats,
+        final = self.store.turns.commit_turn(turn.id, content=content, status=status, token_ids=ids, stats=stats,
                                        error=error, state=blob, state_meta=meta)
         self._state = after if after is not None else None
-        self._session = self.store.get_session(turn.session_id)
+        self._session = self.store.core.get_session(turn.session_id)
         return self._turn_view(final)
 
     def attach(self, path: Path, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
@@ -320,18 +320,18 @@ class ChatService(SessionBrowsing):
             session = self._require()
             text = read_document(Path(path))
             before = self._state_now()
-            turn = self._guard(lambda: self.store.begin_turn(session.id, role="document", content=text))
+            turn = self._guard(lambda: self.store.turns.begin_turn(session.id, role="document", content=text))
             yield TurnStarted(None, turn.id)
             ids: list[int] = []
             state = before
             for event, state in fold_document(self.lm, self.runner, Path(path).name, text, before, ids, cancel):
                 yield event
             if cancel is not None and cancel.is_set():  # nothing of it stays in the state
-                final = self.store.commit_turn(turn.id, status="cancelled", token_ids=[], error="attach cancelled",
+                final = self.store.turns.commit_turn(turn.id, status="cancelled", token_ids=[], error="attach cancelled",
                                                state=self._blob(before), state_meta=self._meta(before))
                 self._state = before
             else:
-                final = self.store.commit_turn(turn.id, status="complete", token_ids=ids,
+                final = self.store.turns.commit_turn(turn.id, status="complete", token_ids=ids,
                                                state=self._blob(state), state_meta=self._meta(state))
                 self._state = state
             yield TurnFinished(self._turn_view(final))
@@ -358,7 +358,7 @@ class ChatService(SessionBrowsing):
     def fork(self, at_turn: int | None = None) -> SessionView:
         with self._lock:
             session = self._require()
-            forked = self._guard(lambda: self.store.fork(session.id, at_turn))
+            forked = self._guard(lambda: self.store.browse.fork(session.id, at_turn))
             self._take(forked)
             fold_interrupted(self, forked)
             self._state = load_state(self, forked)
@@ -366,7 +366,7 @@ class ChatService(SessionBrowsing):
 
     def rename(self, name: str) -> SessionView:
         with self._lock:
-            self._session = self._guard(lambda: self.store.rename_session(self._require().id, name.strip() or None))
+            self._session = self._guard(lambda: self.store.turns.rename_session(self._require().id, name.strip() or None))
             return self._view(self._session)
 
     def set_system(self, text: str) -> SessionView:
@@ -382,7 +382,7 @@ class ChatService(SessionBrowsing):
             except ValueError as exc:
                 raise ChatError(str(exc)) from None
             if self._session is not None:
-                self._session = self._guard(lambda: self.store.set_options(self._session.id, self.options.stored()))
+                self._session = self._guard(lambda: self.store.turns.set_options(self._session.id, self.options.stored()))
 
     def _adopt_options(self, session: Session) -> None:
         """A resumed session's stored options with the edge's on top; stored again when that
@@ -392,7 +392,7 @@ class ChatService(SessionBrowsing):
         except ValueError as exc:
             raise ChatError(f"session {session.uid[:8]} has a stored option that cannot be used: {exc}") from None
         if self.options.stored() != session.options:
-            self._session = self._guard(lambda: self.store.set_options(session.id, self.options.stored()))
+            self._session = self._guard(lambda: self.store.turns.set_options(session.id, self.options.stored()))
 
     _guard = staticmethod(guarded)
 

@@ -50,14 +50,14 @@ def _rebuild(uid: str) -> str:
 
 def verify_session(store: SessionStore, ref: str) -> list[str]:
     """The report lines of a passed chain and snapshot check; raises VerifyFailed otherwise."""
-    s = store.get_session(ref)
+    s = store.core.get_session(ref)
     try:
-        tokens = store.check_chain(s.id)  # names the first turn whose ids break the chain
-        turns = store.verify_branch(s.id)  # then every snapshot on the branch, bytes included
+        tokens = store.chain.check_chain(s.id)  # names the first turn whose ids break the chain
+        turns = store.states.verify_branch(s.id)  # then every snapshot on the branch, bytes included
     except StateError as exc:
         raise VerifyFailed(str(exc)) from None
-    head = store.get_turn(s.head_turn_id)
-    snaps = [x for x in store.snapshots(s.id) if x.turn_id in {t.id for t in store.branch(s.id)}]
+    head = store.tree.get_turn(s.head_turn_id)
+    snaps = [x for x in store.states.all(s.id) if x.turn_id in {t.id for t in store.tree.branch(s.id)}]
     lines = [f"session {s.short_id}: hash chain recomputed over {turns} turns ({tokens:,} tokens) matches; "
              f"{len(snaps)} snapshot(s) on this branch pass checksum and chain checks"]
     if head.status == "streaming":
@@ -67,8 +67,8 @@ def verify_session(store: SessionStore, ref: str) -> list[str]:
 
 def newest_snapshot(store: SessionStore, ref: str) -> tuple[Session, Snapshot]:
     """The session and the snapshot a replay is compared with; VerifyFailed when there is none."""
-    s = store.get_session(ref)
-    snap = store.latest_snapshot(s.id)
+    s = store.core.get_session(ref)
+    snap = store.states.latest(s.id)
     if snap is None:
         raise VerifyFailed(f"session {s.short_id} has no stored state on this branch to compare; "
                            f"make one by replaying the transcript: {_rebuild(s.uid)}")
@@ -83,7 +83,7 @@ def compare_replay(store: SessionStore, s: Session, snap: Snapshot, lm: LoadedMo
 
     device = runner.device
     try:
-        data = store.load_state(snap, expected_fingerprint=lm.fingerprint)
+        data = store.states.load(snap, expected_fingerprint=lm.fingerprint)
         stored = RecurrentState.from_bytes(data, config=lm.config, fingerprint=lm.fingerprint, device=device)
     except StateError as exc:
         raise VerifyFailed(f"{exc} (or pass the model it was made with: -m MODEL; a session started with "

@@ -114,7 +114,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
     try:
         target = None
         if session or cont:
-            target = store.get_session(session) if session else store.most_recent_session()
+            target = store.core.get_session(session) if session else store.browse.most_recent_session()
             if target is None:
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)

@@ -30,7 +30,7 @@ def record_run(settings: Settings, summary: dict[str, Any]) -> None:
 
         settings.ensure_home()
         with SessionStore.open(settings.db_path) as store:
-            store.add_finetune_run(model_id=summary["base"], kind=f"finetune-{summary['tune']}", payload=summary)
+            store.browse.add_finetune_run(model_id=summary["base"], kind=f"finetune-{summary['tune']}", payload=summary)
     except Exception as exc:  # the run itself succeeded; never lose it to a DB problem
         typer.echo(f"warning: could not record the run in {settings.db_path} ({exc}); see {summary['out']}/metrics.jsonl", err=True)
 

@@ -186,7 +186,7 @@ def _record(settings: Settings, report: dict[str, Any]) -> None:
     try:
         settings.ensure_home()
         with SessionStore.open(settings.db_path) as store:
-            run = store.add_probe_run(model_id=report["model"]["name"], suite=report["suite"]["name"], payload=report)
+            run = store.browse.add_probe_run(model_id=report["model"]["name"], suite=report["suite"]["name"], payload=report)
         typer.echo(f"stored probe run {run.uid[:8]} in {settings.db_path}")
     except (SessionError, OSError) as exc:
         typer.echo(f"warning: probe run not stored in the database: {exc}", err=True)
@@ -269,18 +269,18 @@ def _check(store, settings: Settings, session_id: str, ask: str, expect: str | N
     from agent.probes.session_check import check_session
     from agent.runtime.state import StateError as RuntimeStateError
 
-    s = store.get_session(session_id)
-    turn = store.get_turn(turn_id if turn_id is not None else s.head_turn_id)
+    s = store.core.get_session(session_id)
+    turn = store.tree.get_turn(turn_id if turn_id is not None else s.head_turn_id)
     if turn.session_id != s.id:
         raise _fail(f"turn {turn.id} is not in session {s.short_id}")
-    snap = store.latest_snapshot(s.id, turn.id)
+    snap = store.states.latest(s.id, turn.id)
     if snap is None:
         raise _fail(f"session {s.short_id} has no saved state on this branch; resume it once with `laplace chat` to save one")
     loaded, _ = _load(model or s.model_id, device or settings.device, settings)
-    data = store.load_state(snap, expected_fingerprint=loaded.fingerprint)
+    data = store.states.load(snap, expected_fingerprint=loaded.fingerprint)
     fold: list[int] = []
     if snap.turn_id != turn.id:  # the snapshot predates the turn: fold only the turns since it
-        for ids in store.branch_token_ids(s.id, turn.id, after_turn_id=snap.turn_id):
+        for ids in store.tree.branch_token_ids(s.id, turn.id, after_turn_id=snap.turn_id):
             fold += ids
     mention = _mention(store, s, turn, expect, loaded.tokenizer) if expect else None
     try:
@@ -296,16 +296,16 @@ def _mention(store, s, turn, expect: str, tok):  # type: ignore[no-untyped-def]
     full-text index (not a scan of the history), with tokens and turns since."""
     from agent.probes.session_check import Mention, find_mention
 
-    hits = [h for h in store.search(expect, limit=200, include_archived=True) if h.session_uid == s.uid]
-    turns = sorted((store.get_turn(h.turn_id) for h in hits), key=lambda t: -t.depth)
+    hits = [h for h in store.browse.search(expect, limit=200, include_archived=True) if h.session_uid == s.uid]
+    turns = sorted((store.tree.get_turn(h.turn_id) for h in hits), key=lambda t: -t.depth)
     for t in turns:
         if t.depth > turn.depth or expect not in t.content:
             continue
         if t.id != turn.id:
-            between = store.page_before(s.id, turn.id, limit=turn.depth - t.depth)
+            between = store.tree.page_before(s.id, turn.id, limit=turn.depth - t.depth)
             if not between or between[0].id != t.id:
                 continue  # on another branch
-        after = find_mention(store.turn_token_ids(t.id), [tok.encode(expect), tok.encode(" " + expect)])
+        after = find_mention(store.tree.turn_token_ids(t.id), [tok.encode(expect), tok.encode(" " + expect)])
         within = after if after is not None else 0
         return Mention(turn_id=t.id, turns_since=turn.depth - t.depth, tokens_since=turn.tokens_total - t.tokens_total + within)
     return None

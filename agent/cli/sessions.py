@@ -71,7 +71,7 @@ def list_(
 ) -> None:
     """Sessions, most recently used first."""
     with _store(ctx) as store:
-        items = store.list_sessions(include_archived=all_, limit=limit)
+        items = store.browse.list_sessions(include_archived=all_, limit=limit)
     if as_json:
         typer.echo(json_for_terminal([_summary_dict(i) for i in items]))
         return
@@ -95,11 +95,11 @@ def show(
 ) -> None:
     """Details of one session: branch, snapshots, retention policy, recent turns."""
     with _store(ctx) as store:
-        item = store.summary(session_id)
+        item = store.browse.summary(session_id)
         s = item.session
-        snaps = store.snapshots(s.id)
-        tail = store.tail(s.id, turns)
-        lease = store.lease_holder(s.id)
+        snaps = store.states.all(s.id)
+        tail = store.tree.tail(s.id, turns)
+        lease = store.leases.holder(s.id)
     policy = f"latest snapshot per branch + {s.keep_snapshots} older"
     if as_json:
         typer.echo(json_for_terminal({
@@ -132,7 +132,7 @@ def show(
 def rename(ctx: typer.Context, session_id: str, name: str) -> None:
     """Give a session a name."""
     with _store(ctx) as store:
-        s = store.rename_session(session_id, name)
+        s = store.turns.rename_session(session_id, name)
     typer.echo(f"renamed {s.short_id} to {displayable(repr(name))}")
 
 
@@ -144,12 +144,12 @@ def rm(
 ) -> None:
     """Delete a session, its transcript and its states, for good."""
     with _store(ctx) as store:
-        item = store.summary(session_id)
+        item = store.browse.summary(session_id)
         label = f"{item.session.short_id} ({displayable(item.session.name or 'unnamed')}, {item.turns} turns)"
         if not yes and not typer.confirm(f"delete session {label}? this cannot be undone"):
             typer.echo("aborted", err=True)
             raise typer.Exit(1)
-        store.delete_session(item.session.id)
+        store.browse.delete_session(item.session.id)
     typer.echo(f"deleted {label}")
 
 
@@ -161,7 +161,7 @@ def archive(
 ) -> None:
     """Hide a session from `list` (kept intact; `list --all` shows it)."""
     with _store(ctx) as store:
-        s = store.set_archived(session_id, not undo)
+        s = store.turns.set_archived(session_id, not undo)
     typer.echo(f"{'unarchived' if undo else 'archived'} {s.short_id}")
 
 
@@ -170,7 +170,7 @@ def retention(ctx: typer.Context, session_id: str,
               keep: int = typer.Argument(..., min=0, help="Older snapshots to keep per branch.")) -> None:
     """Set how many older snapshots a session keeps per branch besides the latest."""
     with _store(ctx) as store:
-        store.set_keep_snapshots(session_id, keep)
+        store.states.set_keep(session_id, keep)
     typer.echo(f"retention: latest snapshot per branch + {keep} older")
 
 
@@ -183,7 +183,7 @@ def fork(
 ) -> None:
     """Copy a session (up to a turn) into a new session with its state."""
     with _store(ctx) as store:
-        new = store.fork(session_id, at, name=name)
+        new = store.browse.fork(session_id, at, name=name)
     typer.echo(new.uid)
 
 
@@ -199,8 +199,8 @@ def export(
         typer.echo(f"error: unknown format {fmt!r}; use markdown or json", err=True)
         raise typer.Exit(1)
     with _store(ctx) as store:
-        text = (json_for_terminal(store.export_json(session_id)) + "\n"
-                if fmt == "json" else store.export_markdown(session_id))
+        text = (json_for_terminal(store.browse.export_json(session_id)) + "\n"
+                if fmt == "json" else store.browse.export_markdown(session_id))
     if output is None:
         # A terminal gets control characters as symbols; a pipe gets the exact text.
         sys.stdout.write(displayable(text) if _stdout_is_terminal() else text)
@@ -223,7 +223,7 @@ def search(
 ) -> None:
     """Full-text search over every transcript."""
     with _store(ctx) as store:
-        hits = store.search(query, limit=limit, include_archived=all_)
+        hits = store.browse.search(query, limit=limit, include_archived=all_)
     if as_json:
         typer.echo(json_for_terminal([{"session": h.session_uid, "session_name": h.session_name, "turn_id": h.turn_id,
                                        "role": h.role, "snippet": h.snippet, "created_at": h.created_at} for h in hits]))

@@ -26,9 +26,9 @@ def run(*args: str, input: str | None = None):
 @pytest.fixture
 def two_sessions() -> list[str]:
     with SessionStore.open(Settings.from_env().db_path) as store:
-        a = store.create_session(model_id="tiny", system_token_ids=tokens_of("s"), name="alpha")
+        a = store.turns.create_session(model_id="tiny", system_token_ids=tokens_of("s"), name="alpha")
         converse(store, a.id, "the quick brown fox", size=29_491)
-        b = store.create_session(model_id="tiny", name="beta")
+        b = store.turns.create_session(model_id="tiny", name="beta")
         return [a.uid, b.uid]
 
 

@@ -118,7 +118,7 @@ EVIL_TEXT = "text [/] with [bold]markup[/bold] \x1b[2J and \x9b2J fox \x9d0;titl
 @pytest.fixture
 def evil_session() -> str:
     with SessionStore.open(Settings.from_env().db_path) as store:
-        s = store.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
+        s = store.turns.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
         converse(store, s.id, EVIL_TEXT, reply="re \x1b]52;c;QQ==\x07 [/]")
         return s.uid
 

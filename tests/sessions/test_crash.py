@@ -32,17 +32,17 @@ ctx = mp.get_context("fork")  # fork: no interpreter start per kill, so hundreds
 def _writer(db_path: str, uid: str, fd: int, seed: int, sizes: tuple[int, int]) -> None:
     rng = random.Random(seed)
     store = SessionStore.open(db_path)
-    store.acquire_lease(uid)
+    store.leases.acquire(uid)
     while True:
         text = f"message {rng.random()}"
-        store.begin_turn(uid, role="user", content=text, token_ids=tokens_of(text))
-        a = store.begin_turn(uid, role="assistant")
+        store.turns.begin_turn(uid, role="user", content=text, token_ids=tokens_of(text))
+        a = store.turns.begin_turn(uid, role="assistant")
         reply = "reply " * rng.randint(1, 50)
-        store.update_streaming(a.id, reply[:10])
+        store.turns.update_streaming(a.id, reply[:10])
         ids = tokens_of(reply)
-        h = chain_hash(store.get_turn(a.parent_id).stream_hash, ids)
+        h = chain_hash(store.tree.get_turn(a.parent_id).stream_hash, ids)
         os.write(fd, f"B {a.id}\n".encode())
-        t = store.commit_turn(a.id, content=reply, token_ids=ids, state=fake_state(h, rng.randint(*sizes)),
+        t = store.turns.commit_turn(a.id, content=reply, token_ids=ids, state=fake_state(h, rng.randint(*sizes)),
                               state_meta=meta())
         os.write(fd, f"C {t.id} {t.stream_hash} {t.tokens_total}\n".encode())
 
@@ -54,7 +54,7 @@ def _check_after_crash(db_path: Path, uid: str, committed: dict[int, tuple[str, 
     raw.close()
     with SessionStore.open(db_path, readonly=True) as store:
         for turn_id, (stream_hash, total) in committed.items():
-            t = store.get_turn(turn_id)
+            t = store.tree.get_turn(turn_id)
             assert (t.status, t.stream_hash, t.tokens_total) == ("complete", stream_hash, total)
         rows = store.db.execute(
             "SELECT s.turn_id, s.stream_hash, s.n_tokens, s.sha256, s.byte_size, d.data, t.stream_hash,"
@@ -67,9 +67,9 @@ def _check_after_crash(db_path: Path, uid: str, committed: dict[int, tuple[str, 
             assert data == fake_state(t_hash, size)
         if committed:
             newest = max(committed)
-            snap = store.latest_snapshot(uid)
+            snap = store.states.latest(uid)
             assert snap is not None and snap.turn_id >= newest
-            store.load_state(snap, expected_fingerprint=FINGERPRINT)
+            store.states.load(snap, expected_fingerprint=FINGERPRINT)
 
 
 # Where a kill lands, by round: after the writer reported a commit (so every such round
@@ -113,7 +113,7 @@ class _Reports:
 def run_kills(db_path: Path, kills: int, sizes: tuple[int, int], max_delay_s: float, seed: int = 7) -> dict:
     rng = random.Random(seed)
     with SessionStore.open(db_path) as store:
-        uid = store.create_session(model_id="tiny", system_token_ids=tokens_of("sys"), keep_snapshots=1).uid
+        uid = store.turns.create_session(model_id="tiny", system_token_ids=tokens_of("sys"), keep_snapshots=1).uid
     committed: dict[int, tuple[str, int]] = {}
     in_commit = 0
     for k in range(kills):
@@ -141,10 +141,10 @@ def run_kills(db_path: Path, kills: int, sizes: tuple[int, int], max_delay_s: fl
         in_commit += bool(lines) and lines[-1].startswith("B ")
         _check_after_crash(db_path, uid, committed)
     with SessionStore.open(db_path) as store:  # a writer after all of it resumes cleanly
-        with store.acquire_lease(uid):
-            head = store.get_turn(store.get_session(uid).head_turn_id)
-            assert store.verify_branch(uid) == head.depth + 1  # the whole chain recomputes
-            assert store.resume(uid, expected_fingerprint=FINGERPRINT).state is not None
+        with store.leases.acquire(uid):
+            head = store.tree.get_turn(store.core.get_session(uid).head_turn_id)
+            assert store.states.verify_branch(uid) == head.depth + 1  # the whole chain recomputes
+            assert store.states.resume(uid, expected_fingerprint=FINGERPRINT).state is not None
     return {"kills": kills, "killed_inside_commit": in_commit, "turns_committed": len(committed),
             "rounds_after_commit": len(range(0, kills, len(ROUNDS)))}
 

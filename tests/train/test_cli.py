@@ -34,7 +34,7 @@ def test_finetune_saves_a_model_and_records_the_run(tmp_path: Path, text_dir: Pa
     from sessions.store import SessionStore
 
     with SessionStore.open(Settings.from_env().db_path) as store:
-        runs = store.list_finetune_runs()
+        runs = store.browse.list_finetune_runs()
     assert len(runs) == 1 and runs[0].payload["steps"] == 3 and runs[0].kind == "finetune-all"
 
 
