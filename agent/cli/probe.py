@@ -152,7 +152,7 @@ def natural(
     often a detail never given is answered "not told"; refresh off and on in one run."""
     from agent.probes.natural import render as render_natural
     from agent.probes.natural import run_natural
-    from agent.display import json_for_terminal
+    from agent.display import displayable, json_for_terminal
 
     try:
         ds = [int(x) for x in distances.split(",") if x.strip()]
@@ -171,7 +171,8 @@ def natural(
     t0 = time.perf_counter()
     report = run_natural(loaded, distances=ds, trials=trials, refresh=refresh, seed=seed, device=dev)
     report["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    typer.echo(json_for_terminal(report) if as_json else render_natural(report) + f"\ntime   {report['elapsed_s']} s")
+    # Replies are model output: shown, their control characters are made visible.
+    typer.echo(json_for_terminal(report) if as_json else displayable(render_natural(report)) + f"\ntime   {report['elapsed_s']} s")
     if out is not None:
         try:
             out.write_text(json.dumps(report, indent=2), encoding="utf-8")

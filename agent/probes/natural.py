@@ -230,9 +230,8 @@ def _samples(mode: str, d: int, convs: list[Conversation], replies: list[tuple[s
 
 
 def render(report: dict[str, Any]) -> str:
-    """The report as a terminal table: one row per (refresh mode, distance), then samples."""
-    from agent.display import displayable
-
+    """The report as a table: one row per (refresh mode, distance), then samples (the CLI
+    makes it safe for a terminal)."""
     m, s, hz = report["model"], report["settings"], report["horizon"]
     lines = [f"laplace probe natural: model {m['name']} ({m['fingerprint'][:12]}), {s['trials']} trials per row, "
              f"seed {report['seed']}, chat filler in whole messages (tokens = mean filler length)"]
@@ -249,7 +248,7 @@ def render(report: dict[str, Any]) -> str:
     if report["samples"]:
         lines += ["", "samples:"]
         for x in report["samples"]:
-            reply = displayable(repr(x["reply"].strip()))
+            reply = repr(x["reply"].strip())
             want = f" (value {x['value']})" if x["value"] else ""
             lines.append(f"  [{x['mode']} d={x['distance']}] {x['question']}{want} -> {reply} : {x['verdict']}")
     return "\n".join(lines)
