@@ -1,5 +1,8 @@
 """Settings read from the environment once, at the CLI's edge, and passed down explicitly.
 
+`laplace`'s root callback (agent/cli/__init__.py) calls `Settings.from_env()`, the only call
+outside tests; every command takes the result from its Typer context (`cli.store.settings_of`).
+
 Laplace's own settings are read only here: tests build a `Settings` with a temporary home
 instead of mutating globals. The exceptions are not laplace settings: distributed training
 reads `WORLD_SIZE` (set by torchrun) in agent/train, and `laplace chat` / `ask` on a Neuron device

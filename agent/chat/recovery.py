@@ -1,6 +1,7 @@
 """Recovery and integrity checks that `ChatService` runs when it takes a session.
 
-Split from `agent/chat/service.py` to keep that file to the turn loop. Three jobs:
+Split from `agent/chat/service.py` to keep that file to the turn loop; the replay itself is
+`replay.py`. Three jobs:
 
 - `fold_interrupted`: a reply whose writer crashed mid-stream is kept (marked cancelled by
   the lease) but was never folded into the state; fold its kept text now, so the promise
@@ -17,24 +18,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from agent.chat.browse import guarded
+from agent.chat.replay import Replaying, load_state
 from agent.chat.types import ChatError, StateUnusableError
 from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, StateMeta, Turn
 
 if TYPE_CHECKING:
-    from agent.runtime.checkpoint import LoadedModel
-    from agent.runtime.generation import EagerRunner
     from agent.runtime.state import RecurrentState
 
 
-class RecoveringService(Protocol):
+class RecoveringService(Replaying, Protocol):
     """What recovery uses of `ChatService`, spelled out so this module need not import
     agent.chat.service (which imports this one)."""
-
-    store: SessionStore
-    lm: LoadedModel
-    runner: EagerRunner
-
-    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState: ...
 
     def _blob(self, state: RecurrentState) -> bytes: ...
 
@@ -53,7 +47,7 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
     next calls this with `with_state=False`, storing the ids that it then replays.
     """
     store = service.store
-    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    head = store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
     if head.role != "assistant" or head.status not in ("cancelled", "error") or head.n_tokens:
         return
     tok, template = service.lm.tokenizer, service.lm.template
@@ -61,12 +55,12 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
     blob = meta = None
     if with_state:
         try:
-            _, after = service.runner.prefill(ids, service._load_state(session, head.parent_id))
+            _, after = service.runner.prefill(ids, load_state(service, session, head.parent_id))
         except StateUnusableError:
             return
         blob, meta = service._blob(after), service._meta(after)
     try:
-        store.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta)
+        store.turns.commit_turn(head.id, status=head.status, token_ids=ids, state=blob, state_meta=meta)
     except InvalidTurnOperation:  # a state was stored after it before this fix: left unread
         return
     except SessionError as exc:
@@ -77,7 +71,7 @@ def check_token_chain(store: SessionStore, session: Session) -> None:
     """Raise StateUnusableError (the way out: rebuild) if the stored token ids along the
     head's branch do not give their recorded hash chain."""
     try:
-        store.check_chain(session.id)
+        store.chain.check_chain(session.id)
     except StateError as exc:
         raise StateUnusableError(str(exc)) from None
 
@@ -91,12 +85,12 @@ def prepare_rebuild(service: RecoveringService, session: Session) -> Turn:
     keep the undamaged part.
     """
     store = service.store
-    guarded(lambda: store.rechain(session.id))
+    guarded(lambda: store.chain.rechain(session.id))
     fold_interrupted(service, session, with_state=False)
-    head = store.get_turn(store.get_session(session.id).head_turn_id)
+    head = store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
     vocab = service.lm.config.vocab_size
-    for turn in store.branch(session.id, head.id):
-        ids = store.turn_token_ids(turn.id)
+    for turn in store.tree.branch(session.id, head.id):
+        ids = store.tree.turn_token_ids(turn.id)
         if ids and not 0 <= min(ids) <= max(ids) < vocab:
             raise ChatError(f"turn {turn.id} holds token ids this model does not have; keep the part before "
                             f"it with `laplace sessions fork {session.uid[:8]} --at {turn.parent_id}`")

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from agent.cli.errors import fail
-from agent.units import human_bytes
+from agent.cli.store import settings_of
+from agent.display import human_bytes
 from agent.settings import Settings
 
 app = typer.Typer(
@@ -25,14 +26,15 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """laplace: chat with a model whose memory of the session never grows."""
-
-
+    # The environment is read here, once, and passed down: every command takes it from ctx.
+    ctx.obj = Settings.from_env()
 
 
 @app.command()
 def info(
+    ctx: typer.Context,
     model: str = typer.Option("default", "-m", "--model", help="Preset name, model name or model directory."),
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | neuron"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -40,7 +42,7 @@ def info(
     """Model config, parameter count, state bytes per session, the KV cache it replaces, device."""
     from agent.runtime.info import ModelInfoError, describe_model
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     try:
         data = describe_model(model, device=device, models_dir=settings.models_dir)
     except ModelInfoError as exc:
@@ -68,6 +70,7 @@ def info(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     names: Optional[list[str]] = typer.Argument(None, help="Benchmarks to run (default: all). See --list."),
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
@@ -97,7 +100,7 @@ def bench(
 
         from agent.bench.cpu1b import bench_cpu1b
 
-        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(Settings.from_env().models_dir))
+        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(settings_of(ctx).models_dir))
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
 
 
@@ -115,9 +118,6 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    import sys
-
-    from agent.cli.chat import join_option_pairs
-
-    app(args=join_option_pairs(sys.argv[1:]), prog_name="laplace")
+def main() -> None:
+    """The console entry point: argv goes to the commands as given (see `OptionPairsCommand`)."""
+    app(prog_name="laplace")

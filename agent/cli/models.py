@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from agent.cli.errors import fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 if TYPE_CHECKING:  # the runtime (and torch) loads only inside the commands
@@ -70,6 +71,7 @@ def _self_check(lm: "LoadedModel") -> None:
 
 
 def import_command(
+    ctx: typer.Context,
     path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba or Mamba2ForCausalLM)."),
     out: str = typer.Option(..., "--out", "--name", help="Name of the new model under $LAPLACE_HOME/models."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Directory with tokenizer.json, if the checkpoint lacks one."),
@@ -77,7 +79,7 @@ def import_command(
     check: bool = typer.Option(False, "--check", help="After importing, print perplexity on an English paragraph and a greedy reply."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     src = Path(path).expanduser()
     if not src.is_dir():
         raise fail(f"checkpoint directory {src} does not exist" + (" (it is a file; give its directory)" if src.exists() else ""))
@@ -89,6 +91,7 @@ def import_command(
 
 
 def pull_command(
+    ctx: typer.Context,
     repo_id: str = typer.Argument(..., help="A Hub repo id, e.g. cartesia-ai/Llamba-1B."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the repo's name, lowercased)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Repo id to take tokenizer files from, if the model's repo has none."),
@@ -101,7 +104,7 @@ def pull_command(
     from agent.importers.hub import TOKENIZER_FILES, download_dir, fetch
     from agent.importers.source import CheckpointError
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     target = _target(settings, name or repo_id.rsplit("/", 1)[-1].lower())
     downloads = settings.home / "downloads"
     src = download_dir(downloads, repo_id)

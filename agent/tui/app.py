@@ -33,7 +33,7 @@ from agent.chat.types import (
     TurnFinished,
     TurnStarted,
 )
-from agent.textsafe import displayable
+from agent.display import displayable
 
 from .actions import SessionActions
 from .chat.messages import MessageWidget, code_blocks

@@ -52,11 +52,12 @@ def test_bad_keymap_is_one_error_line(tmp_path: Path, content: str | None, match
 def test_good_keymaps_load(tmp_path: Path) -> None:
     path = tmp_path / "keys.toml"
     path.write_text('[keys]\nregenerate = "f5, ctrl+shift+r"\nnewline = ["ctrl+j", "alt+enter"]\nsubmit = "question_mark"\n')
-    assert load_keymap(path) == {"regenerate": "f5,ctrl+shift+r", "newline": "ctrl+j,alt+enter", "submit": "question_mark"}
-    assert load_keymap(None) is None  # the default file is optional
+    home = Settings.from_env().home
+    assert load_keymap(path, home) == {"regenerate": "f5,ctrl+shift+r", "newline": "ctrl+j,alt+enter", "submit": "question_mark"}
+    assert load_keymap(None, home) is None  # the default file is optional
     Settings.from_env().ensure_home()
     (Settings.from_env().home / "keymap.toml").write_text('[keys]\nregenerate = "f6"\n')
-    assert load_keymap(None) == {"regenerate": "f6"}
+    assert load_keymap(None, home) == {"regenerate": "f6"}
 
 
 def test_every_default_binding_key_is_valid() -> None:

@@ -10,7 +10,6 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli.chat import join_option_pairs
 from agent.settings import Settings
 from tests.importers.helpers import llamba_checkpoint, write_tokenizer
 
@@ -18,7 +17,7 @@ runner = CliRunner()
 
 
 def laplace(*args: str):
-    return runner.invoke(app, join_option_pairs(list(args)))
+    return runner.invoke(app, list(args))
 
 
 def models_dir():
@@ -188,7 +187,7 @@ def test_pull_downloads_then_imports(monkeypatch, ckpt) -> None:
 
 
 def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -> None:
-    from agent.probes.ledger import recall_horizon
+    from agent.recall.horizon import recall_horizon
     from agent.runtime.checkpoint import load_model
 
     import torch

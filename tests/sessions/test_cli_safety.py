@@ -9,24 +9,22 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
+from agent.cli import app
 from agent.cli import sessions as cli_sessions
 from agent.settings import Settings
 from sessions import SessionStore
 
 from .conftest import converse, tokens_of
 
-root = typer.Typer()
-root.add_typer(cli_sessions.app, name="sessions")
 runner = CliRunner()
 COMMANDS = [["list"], ["show", "abc"], ["search", "fox"]]
 RAW_CONTROLS = ("\x1b", "\x07", "\x9b", "\x9d")
 
 
 def run(*args: str):
-    return runner.invoke(root, ["sessions", *args])
+    return runner.invoke(app, ["sessions", *args])
 
 
 def assert_one_error_line(res, *words: str) -> None:
@@ -120,7 +118,7 @@ EVIL_TEXT = "text [/] with [bold]markup[/bold] \x1b[2J and \x9b2J fox \x9d0;titl
 @pytest.fixture
 def evil_session() -> str:
     with SessionStore.open(Settings.from_env().db_path) as store:
-        s = store.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
+        s = store.turns.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
         converse(store, s.id, EVIL_TEXT, reply="re \x1b]52;c;QQ==\x07 [/]")
         return s.uid
 
@@ -170,7 +168,6 @@ def test_markdown_export_to_a_pipe_is_exact(evil_session: str) -> None:
     ("not-a-db", ("not a usable laplace database", "move it aside")),
 ], ids=["home-is-a-file", "not-a-database"])
 def test_ask_shares_the_same_errors(setup: str, words: tuple[str, ...], laplace_home: Path) -> None:
-    from agent.cli import app
 
     if setup == "file":
         laplace_home.parent.mkdir(parents=True, exist_ok=True)

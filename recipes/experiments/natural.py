@@ -28,10 +28,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent import refresh
+from agent.recall import rule as refresh
 from agent.probes.natural_text import CONCEPTS, HELDOUT_VALUES, Concept, make_value
 from recipes.default_model.dialogues import SMALL_TALK, Builder, Message
-from recipes.default_model.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES, UPDATE_ACKS
+from recipes.experiments.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES, UPDATE_ACKS
 
 CACHE = Path(__file__).with_name("natural_cache.json")
 RECALL_AFTER = 128  # tokens: a question this long after its statement may come after a recall block
@@ -81,7 +81,7 @@ class NaturalSpec:
     # yellow." for maroon) instead of copying; made-up values leave copying as the only way.
     made_up: float = 0.0
     # Chance that a question asked more than RECALL_AFTER tokens after its statement comes
-    # after the recall block chat would fold (agent/refresh.py's header and format), and
+    # after the recall block chat would fold (agent/recall/rule.py's header and format), and
     # half that chance that a never-stated question comes after a block about other details.
     # Measured on the same model: with the block holding the value 100% of the time at
     # 2,048 tokens, it recalled 23%; it had never seen a block.

@@ -4,7 +4,7 @@ token bound, that `refresh off` adds nothing, and that the state still equals a 
 from __future__ import annotations
 
 from agent.chat.types import TurnStarted
-from agent.refresh import HEADER
+from agent.recall.rule import HEADER
 
 from .test_chat_service import assert_state_matches_transcript, run
 
@@ -30,9 +30,9 @@ def test_a_faded_fact_is_recalled_as_its_own_turn_and_state_equals_replay(make_s
     block = started.recall_turn
     assert block is not None and block.kind == "recall" and block.role == "document"
     assert block.content == f"{HEADER}\n\nUser: {FACT}"
-    stored = svc.store.get_turn(block.id)
+    stored = svc.store.tree.get_turn(block.id)
     assert stored.stats["kind"] == "recall" and stored.stats["turns"] == [fact_id] and stored.stats["horizon"] == 200
-    assert svc.store.turn_token_ids(block.id) == svc.lm.template.message(svc.lm.tokenizer, "document", block.content)
+    assert svc.store.tree.turn_token_ids(block.id) == svc.lm.template.message(svc.lm.tokenizer, "document", block.content)
     *_, recall, user, reply = svc.tail()
     assert (recall.id, user.role, user.content) == (block.id, "user", "What is my locker code?")
     assert user.parent_id == recall.id and reply.used_recall and not user.used_recall
@@ -47,12 +47,12 @@ def test_refresh_off_adds_nothing_and_is_stored_with_the_session(make_service):
     on = make_service(refresh_horizon=200)
     on.new_session()
     on.set_option("refresh", "off")
-    assert on.store.get_session(on.session.uid).options["refresh"] is False
+    assert on.store.core.get_session(on.session.uid).options["refresh"] is False
     uid = on.session.uid
     on.close()
     again = make_service(refresh_horizon=200)
     again.resume(uid)
-    assert again.options.refresh is False
+    assert again.options.refresh.on is False
 
 
 def test_turns_within_the_horizon_and_unrelated_turns_are_not_recalled(make_service):
@@ -73,9 +73,9 @@ def test_the_block_stays_within_its_token_budget(make_service):
     events = run(svc.send("Which locker codes did I give you for box 0, box 1, box 2, box 3, box 4 and box 5?"))
     block = next(e for e in events if isinstance(e, TurnStarted)).recall_turn
     assert block is not None
-    ids = svc.store.turn_token_ids(block.id)
+    ids = svc.store.tree.turn_token_ids(block.id)
     assert 0 < len(ids) <= 120
-    assert 1 <= len(svc.store.get_turn(block.id).stats["turns"]) < 6  # the budget cut some notes
+    assert 1 <= len(svc.store.tree.get_turn(block.id).stats["turns"]) < 6  # the budget cut some notes
     assert_state_matches_transcript(svc)
 
 
@@ -110,18 +110,18 @@ def test_the_block_and_the_message_land_together_or_not_at_all(make_service, mon
     run(svc.send(FACT))
     for _ in range(3):
         run(svc.send(CHATTER))
-    head = svc.store.get_session(svc.session.uid).head_turn_id
-    real = svc.store.begin_turn
+    head = svc.store.core.get_session(svc.session.uid).head_turn_id
+    real = svc.store.turns.begin_turn
 
     def refuse_messages(*args, **kwargs):
         if kwargs.get("role") == "user":
             raise SessionError("disk full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(svc.store, "begin_turn", refuse_messages)
+    monkeypatch.setattr(svc.store.turns, "begin_turn", refuse_messages)
     with pytest.raises(ChatError, match="disk full"):
         run(svc.send("What is my locker code?"))
     monkeypatch.undo()
-    assert svc.store.get_session(svc.session.uid).head_turn_id == head
+    assert svc.store.core.get_session(svc.session.uid).head_turn_id == head
     assert svc.store.db.execute("SELECT count(*) FROM turns WHERE role = 'document'").fetchone()[0] == 0
     assert_state_matches_transcript(svc)

@@ -12,11 +12,11 @@ from agent.probes.natural_text import CONCEPTS, HELDOUT_VALUES, says_not_told
 from agent.runtime.checkpoint import load_model_dir
 from recipes.default_model.corpus import Passage
 from recipes.default_model.data import make_builder
-from recipes.default_model.natural import NaturalBuilder, NaturalSpec, cache, phrasings
-from recipes.default_model.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES
+from recipes.experiments.natural import NaturalBuilder, NaturalSpec, cache, phrasings
+from recipes.experiments.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES
 from recipes.default_model.vocab import TRAIN
 
-DEFAULT = Path(__file__).resolve().parents[2] / "agent" / "models" / "default"
+DEFAULT = Path(__file__).resolve().parents[3] / "agent" / "models" / "default"
 
 
 def norm(s: str) -> str:
@@ -100,7 +100,7 @@ def test_everyday_replies_fill_the_chat_between(rows) -> None:  # type: ignore[n
 
 
 def test_recall_blocks_repeat_the_latest_statement_as_chat_would_fold_it(rows) -> None:  # type: ignore[no-untyped-def]
-    from agent import refresh
+    from agent.recall import rule as refresh
 
     blocks = 0
     for msgs in rows:
@@ -116,7 +116,7 @@ def test_recall_blocks_repeat_the_latest_statement_as_chat_would_fold_it(rows) -
 
 
 def test_made_up_values_are_words_and_never_the_probes() -> None:
-    from recipes.default_model.natural import made_up_word, train_value
+    from recipes.experiments.natural import made_up_word, train_value
 
     rng = random.Random(0)
     held = {v.lower() for pool in HELDOUT_VALUES.values() for v in pool}
@@ -126,7 +126,7 @@ def test_made_up_values_are_words_and_never_the_probes() -> None:
 
 
 def test_natural_check_counts_every_condition_split_by_kind(capsys: pytest.CaptureFixture[str]) -> None:
-    from recipes.default_model import natural_check
+    from recipes.experiments import natural_check
 
     natural_check.main([str(DEFAULT)])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]

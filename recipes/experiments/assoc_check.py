@@ -1,8 +1,8 @@
 """Can the model learn to copy an arbitrary token bound to a key? A toy associative-recall
 drill (multi-query associative recall) on the default model's architecture.
 
-    python -m recipes.default_model.assoc_check --from default|scratch|DIR [--minutes M]
-    python -m recipes.default_model.assoc_check --from DIR --natural-rows 4 --save OUT [--drill repeat]
+    python -m recipes.experiments.assoc_check --from default|scratch|DIR [--minutes M]
+    python -m recipes.experiments.assoc_check --from DIR --natural-rows 4 --save OUT [--drill repeat]
 
 Each row is P key/value pairs of single tokens (keys from one id range, values from
 another) followed by the same keys in a new order; the loss and the accuracy are on the
@@ -13,7 +13,7 @@ held-out accuracy on this drill every 100 steps (whichever drill it trains on). 
 this separates "cannot bind and copy tokens" from "has not been taught to for words".
 
 With `--natural-rows N` each step also trains N rows of phase 6's second block (plain
-speech, plan.WIDE512), so the drill runs beside the chat it should help, and `--save` keeps
+speech, phase6.WIDE512), so the drill runs beside the chat it should help, and `--save` keeps
 the model for natural_check. `--drill repeat` swaps the drill for 24 random tokens said
 twice, the loss on the second time (plain induction). Both were measured not to carry over
 to plain speech (docs/recipe-experiments.md, Phase 6).
@@ -34,8 +34,9 @@ from agent.runtime.model import build_model
 from agent.train.data import PackedData, load_documents, pack, pad_token
 from recipes.default_model import data as rdata
 from recipes.default_model.corpus import read_passages, split_passages
-from recipes.default_model.natural import NaturalBuilder
-from recipes.default_model.plan import MODEL, WIDE512
+from recipes.experiments.natural import NaturalBuilder
+from recipes.default_model.plan import MODEL
+from recipes.experiments.phase6 import WIDE512
 from recipes.default_model.vocab import TRAIN
 
 KEYS, VALUES = (100, 1500), (1600, 3000)  # token id ranges, disjoint

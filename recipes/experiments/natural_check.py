@@ -1,6 +1,6 @@
 """Copying check for phase 6: is a detail given back right after it is said?
 
-    python -m recipes.default_model.natural_check MODEL_DIR
+    python -m recipes.experiments.natural_check MODEL_DIR
 
 For each of the 26 everyday concepts, one conversation: an empty system turn, the detail
 stated, "Okay, noted.", the question, a greedy reply; a hit is the value in the reply.
@@ -20,7 +20,7 @@ import random
 
 from agent.probes.natural_text import CONCEPTS, make_value
 from agent.runtime.checkpoint import load_model_dir
-from recipes.default_model.natural import phrasings, train_value
+from recipes.experiments.natural import phrasings, train_value
 from recipes.default_model.recall_eval import greedy
 
 ECHO = "held-out phrasing, probe value, reply begun with the two words said before the value"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.default_model.assoc_check import KEYS, VALUES, batch, main
+from recipes.experiments.assoc_check import KEYS, VALUES, batch, main
 
 
 def test_each_query_is_labelled_with_the_value_bound_to_its_key() -> None:
@@ -28,7 +28,7 @@ def test_the_drill_trains_and_reports_accuracy(capsys: pytest.CaptureFixture[str
 
 
 def test_repeats_label_the_second_saying_from_its_second_token() -> None:
-    from recipes.default_model.assoc_check import repeats
+    from recipes.experiments.assoc_check import repeats
 
     x, y = repeats(torch.Generator().manual_seed(0), rows=3, length=5)
     assert torch.equal(x[:, :5], x[:, 5:])

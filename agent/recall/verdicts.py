@@ -1,9 +1,9 @@
 """The one rule for "does this session remember X?", and the words it answers with.
 
 `laplace probe session` and the TUI's /probe both reach it through
-`session_check.check_state`; the chat types and the TUI import the words from here, so
-every place prints the same verdict for the same evidence. Plain Python, no torch: the
-TUI and `agent.chat.types` may import it.
+`agent.probes.session_check.check_state`; the chat types and the TUI import the words from
+here, so every place prints the same verdict for the same evidence. Plain Python, no torch:
+the TUI and `agent.chat.types` may import it.
 
 The evidence is a forced choice: the expected answer ranked among same-shape distractors
 after the question, on the state and on a blank state (the control), plus whether the

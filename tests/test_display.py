@@ -1,8 +1,8 @@
-"""Model output shown in a terminal cannot carry control sequences."""
+"""agent/display.py: model output shown in a terminal cannot carry control sequences; sizes."""
 
 from __future__ import annotations
 
-from agent.textsafe import displayable
+from agent.display import displayable, human_bytes
 from agent.tui.chat.messages import message_body
 from agent.chat.types import TurnView
 
@@ -19,3 +19,9 @@ def test_controls_become_visible_symbols_and_text_survives():
 def test_transcript_rendering_uses_the_safe_text():
     body = message_body(TurnView(1, "user", "hi\x1b[2J", "complete"))
     assert "\x1b" not in body.plain and "\u241b[2J" in body.plain
+
+
+def test_human_bytes() -> None:
+    assert human_bytes(999) == "999 B"
+    assert human_bytes(29_500_000) == "29.5 MB"
+    assert human_bytes(1_500) == "1.5 kB"

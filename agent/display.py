@@ -1,4 +1,6 @@
-"""Making model output safe to show in a terminal.
+"""Showing things in a terminal: model output made safe, and sizes for people.
+
+Beside `settings.py`, the one place every command and the TUI format what they print.
 
 A model can emit any byte, including ESC: written raw to a terminal, `ESC ]52;...` could
 set the clipboard and other sequences can retitle, recolor or confuse it. Rich drops only a
@@ -34,3 +36,13 @@ def json_for_terminal(data: Any) -> str:
     Outside strings JSON is plain ASCII, so escaping every match is always valid and lossless."""
     text = json.dumps(data, indent=2, ensure_ascii=False)
     return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as the product promises them ("29.5 MB", "1.5 kB", "512 B")."""
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")  # pragma: no cover

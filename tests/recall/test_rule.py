@@ -1,4 +1,4 @@
-"""The recall-refresh selection rule (agent/refresh.py): pure, so tested without a model."""
+"""The recall-refresh selection rule (agent/recall/rule.py): pure, so tested without a model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 import sys
 from dataclasses import replace
 
-from agent import refresh
-from agent.refresh import Candidate, horizon_from_card, render, select, terms
+from agent.recall import rule as refresh
+from agent.recall.rule import Candidate, build_block, render, select, terms
 
 
 def words(text: str) -> int:
@@ -87,15 +87,8 @@ def test_ties_prefer_the_newer_turn() -> None:
     assert pick("locker code", cands, budget=12) == [2]
 
 
-def test_horizon_from_the_card() -> None:
-    assert horizon_from_card({"heldout_recall_5digit": "0:1.00 256:0.92 512:0.92 1024:0.85 2048:0.15"}) == 512
-    assert horizon_from_card({"recall_horizon": 700, "heldout_recall_5digit": "0:1.00"}) == 700
-    assert horizon_from_card({"heldout_recall_5digit": "0:0.50"}) is None
-    assert horizon_from_card({}) is None
-
-
 def test_the_rule_imports_neither_torch_nor_the_store() -> None:
-    code = "import sys, agent.refresh; print('\\n'.join(sys.modules))"
+    code = "import sys, agent.recall.rule; print('\\n'.join(sys.modules))"
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert not {m for m in mods if m.split(".")[0] in {"torch", "sqlite3", "sqlite_utils", "sessions", "textual"}}
 
@@ -133,3 +126,16 @@ def test_an_earlier_not_told_reply_is_never_recalled() -> None:
     cands = [Candidate(1, "user", "My sister Vera is visiting me next week.", distance=2000),
              Candidate(2, "assistant", "You haven't told me your sister's name.", distance=1500)]
     assert pick("What's my sister's name?", cands, horizon=512) == [1]
+
+
+def test_build_block_folds_what_it_counts() -> None:
+    """The block's ids are `encode` of its text, and the budget counts those very ids."""
+    cands = [Candidate(1, "user", "My locker code is 48213.", 900)]
+
+    def encode(text: str) -> list[int]:
+        return [0, *range(len(text.split())), 0]  # two template tokens around the words
+
+    block = build_block("What is my locker code?", cands, horizon=100, budget=200, encode=encode)
+    assert block is not None and block.text == render(block.chosen) and block.token_ids == encode(block.text)
+    assert build_block("What is my locker code?", cands, horizon=100, budget=len(encode(block.text)) - 1, encode=encode) is None
+    assert build_block("What is my locker code?", cands, horizon=1000, budget=200, encode=encode) is None

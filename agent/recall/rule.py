@@ -1,11 +1,11 @@
-"""Recall refresh: which earlier turns to read again before answering, as one pure rule.
+"""Which earlier turns to read again before answering, as one pure rule, and the block they make.
 
 A fixed state forgets: past the model's recall horizon a detail is likely gone from it,
 while the transcript still holds it word for word. Before a reply, the chat service asks
 the session's full-text index for turns sharing words with the user's message; this
 module decides which of them to fold back in, and how the recall block reads. The probe
-suite (`laplace probe run --refresh both`) applies the very same rule to its synthetic
-conversations, so what it measures is what chat does.
+suites (`laplace probe run --refresh both`, `laplace probe natural`) build their blocks with
+the very same `build_block`, so what they measure is what chat does.
 
 The rule, in order:
 1. content words of the message (lower case, stop and discourse words dropped, word
@@ -44,14 +44,13 @@ DEFAULT_BUDGET = 256  # tokens per turn, template tokens included
 MAX_CANDIDATES = 50  # how many full-text hits the chat service passes in
 MAX_QUERY_WORDS = 32  # words of the message looked up in the index
 MAX_CHARS_PER_TOKEN = 16  # a line longer than budget x this many characters is not tried
-RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
 # Labels for whose words a recalled line holds; the block is read by the assistant.
 ROLE_LABELS = {"user": "User", "assistant": "Assistant", "document": "Document", "system": "System"}
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-# A sentence saying a detail was never given (it holds no answer); the probes' verdict
-# (agent/probes/natural_text.py) widens it.
+# A sentence saying a detail was never given (it holds no answer); the natural probe's
+# verdict (agent/probes/natural_text.py) widens it.
 NOT_TOLD = re.compile(r"haven'?t told|have not told|didn'?t tell|did not tell|never told", re.I)
 STOP_WORDS = frozenset("""
 a about above after again all also am an and any are as at be been before being but by can could did do does
@@ -207,26 +206,22 @@ def select(message: str, candidates: Iterable[Candidate], *, horizon: int, budge
     return chosen
 
 
-def horizon_from_card(card: dict) -> int | None:
-    """The recall horizon a model card records: `recall_horizon` if given, else the largest
-    measured distance up to which held-out recall of a planted detail stays >= 0.9
-    (`heldout_recall_5digit`, "distance:accuracy ..."). None when the card has neither."""
-    explicit = card.get("recall_horizon")
-    if isinstance(explicit, (int, float)) and explicit > 0:
-        return int(explicit)
-    raw = card.get("heldout_recall_5digit")
-    if not isinstance(raw, str):
+@dataclass(frozen=True)
+class Block:
+    """A recall block ready to fold: its text, its token ids and the turns it repeats."""
+
+    text: str
+    token_ids: list[int]
+    chosen: list[Recalled]
+
+
+def build_block(message: str, candidates: Iterable[Candidate], *, horizon: int, budget: int,
+                encode: Callable[[str], list[int]]) -> Block | None:
+    """`select` then `render`: the block to fold before `message`, or None when no turn
+    qualifies. `encode(text)` gives the ids the block is folded as (its chat-template turn),
+    so the budget counts exactly the tokens that will be read."""
+    chosen = select(message, candidates, horizon=horizon, budget=budget, count=lambda text: len(encode(text)))
+    if not chosen:
         return None
-    points = []
-    for item in raw.split():
-        d, _, acc = item.partition(":")
-        try:
-            points.append((int(d), float(acc)))
-        except ValueError:
-            return None
-    good = None
-    for d, acc in sorted(points):
-        if acc < RECALL_FLOOR:
-            break
-        good = d
-    return good
+    text = render(chosen)
+    return Block(text, encode(text), chosen)
