@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .errors import (
     AmbiguousSessionId,
+    DamagedTokenIds,
     InvalidTurnOperation,
     SchemaTooOld,
     SessionError,
@@ -24,7 +25,7 @@ from .store import SessionStore
 from .store_leases import Lease
 
 __all__ = [
-    "AmbiguousSessionId", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
+    "AmbiguousSessionId", "DamagedTokenIds", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
     "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
     "SessionNotFound", "SessionStore", "SessionSummary", "Snapshot", "StateChecksumError",
     "StateError", "StateMeta", "StateModelMismatch", "StateTranscriptMismatch", "Turn",

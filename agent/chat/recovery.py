@@ -69,29 +69,31 @@ def fold_interrupted(service: RecoveringService, session: Session, *, with_state
 
 def check_token_chain(store: SessionStore, session: Session) -> None:
     """Raise StateUnusableError (the way out: rebuild) if the stored token ids along the
-    head's branch do not give their recorded hash chain."""
+    head's branch do not give their recorded hash chain; ChatError (the way out: a fork
+    before the turn, which a rebuild could not help) if some of them are damaged."""
     try:
         store.chain.check_chain(session.id)
     except StateError as exc:
         raise StateUnusableError(str(exc)) from None
+    except SessionError as exc:
+        raise ChatError(str(exc)) from None
 
 
 def prepare_rebuild(service: RecoveringService, session: Session) -> Turn:
     """Ready the branch for a replay into a fresh state; returns its head.
 
     The replay reads the token ids as stored, so the recorded chain is recomputed from them
-    (ids edited in place) and snapshots that no longer match are dropped. Ids outside the
-    model's vocabulary cannot be replayed at all: refused before any work, with the way to
-    keep the undamaged part.
+    (ids edited in place) and snapshots that no longer match are dropped. Ids that cannot be
+    replayed at all (damaged blobs, ids outside the model's vocabulary) are refused first,
+    before anything is written, with the way to keep the undamaged part.
     """
     store = service.store
-    guarded(lambda: store.chain.rechain(session.id))
-    fold_interrupted(service, session, with_state=False)
-    head = store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
     vocab = service.lm.config.vocab_size
-    for turn in store.tree.branch(session.id, head.id):
-        ids = store.tree.turn_token_ids(turn.id)
+    for turn in guarded(lambda: store.tree.branch(session.id)):
+        ids = guarded(lambda: store.tree.turn_token_ids(turn.id))
         if ids and not 0 <= min(ids) <= max(ids) < vocab:
             raise ChatError(f"turn {turn.id} holds token ids this model does not have; keep the part before "
                             f"it with `laplace sessions fork {session.uid[:8]} --at {turn.parent_id}`")
-    return head
+    guarded(lambda: store.chain.rechain(session.id))
+    fold_interrupted(service, session, with_state=False)
+    return store.tree.get_turn(store.core.get_session(session.id).head_turn_id)
