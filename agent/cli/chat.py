@@ -6,7 +6,6 @@ the service and the TUI never construct their own dependencies.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -232,7 +231,7 @@ def ask(
     text = read_prompt(prompt)
     service, _ = open_service(settings_of(ctx), model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
                               rebuild_state=rebuild_state, system=system, initial_state=initial_state)
-    from agent.display import displayable
+    from agent.display import displayable, json_for_terminal
 
     show = displayable if sys.stdout.isatty() else (lambda text: text)  # pipes get the exact bytes
     started = finished = stats = None
@@ -266,7 +265,7 @@ def ask(
         if started.recall_turn is not None:  # recall refresh folded a block before the message
             result.extra["recall"] = {"turn_id": started.recall_turn.id, "tokens": started.recall_turn.n_tokens,
                                       "text": started.recall_turn.content}
-        typer.echo(json.dumps(asdict(result), ensure_ascii=False))
+        typer.echo(json_for_terminal(asdict(result), indent=None))  # one line; no raw DEL or C1 controls
     else:
         sys.stdout.write("\n")
     if finished.status == "error":
