@@ -58,6 +58,10 @@ def verify_session(store: SessionStore, ref: str) -> list[str]:
         raise VerifyFailed(str(exc)) from None
     head = store.tree.get_turn(s.head_turn_id)
     snaps = [x for x in store.states.all(s.id) if x.turn_id in {t.id for t in store.tree.branch(s.id)}]
+    if not snaps:  # the chain alone says nothing about a state: there is none to check
+        raise VerifyFailed(f"session {s.short_id} has no stored state on this branch, so it is not verified "
+                           f"(its hash chain over {turns} turns matches); make one by replaying the transcript: "
+                           f"{_rebuild(s.uid)}")
     lines = [f"session {s.short_id}: hash chain recomputed over {turns} turns ({tokens:,} tokens) matches; "
              f"{len(snaps)} snapshot(s) on this branch pass checksum and chain checks"]
     if head.status == "streaming":

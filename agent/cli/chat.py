@@ -170,11 +170,14 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None
+        except BaseException:  # e.g. Ctrl-C during a rebuild: give the session's lease back
+            service.close()
+            raise
         return service, unusable
     except SessionError as exc:
         store.close()
         raise _fail(str(exc)) from None
-    except typer.Exit:
+    except BaseException:
         store.close()
         raise
 
