@@ -155,7 +155,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 service.new_session(system=system)
             else:
                 try:
-                    service.resume(target.uid)
+                    service.resume(target.uid, progress=lambda ev: _progress(ev.label, ev.done, ev.total))
                 except StateUnusableError as exc:
                     if defer_unusable and not rebuild_state:
                         unusable = exc
@@ -229,7 +229,7 @@ def ask(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
-    from agent.chat.types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
+    from agent.chat.types import ChatError, ProgressEvent, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
     service, _ = open_service(settings_of(ctx), model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
@@ -246,6 +246,8 @@ def ask(
                 sys.stdout.flush()
             elif isinstance(ev, TurnStarted):
                 started = ev
+            elif isinstance(ev, ProgressEvent):  # a long message being folded, on stderr
+                _progress(ev.label, ev.done, ev.total)
             elif isinstance(ev, StatsEvent):
                 stats = ev
             elif isinstance(ev, TurnFinished):

@@ -225,6 +225,7 @@ class LaplaceApp(App[None]):
             if stream is not None:
                 stream.write(event.text, message.posted_at)
         elif isinstance(event, TurnStarted):
+            self.progress.display = False  # a long message's fold (if any) is done; the reply starts
             if not chat.at_tail:
                 await self.load_session()
             # The worker runs ahead of the UI: a reload may already hold the finished reply.
