@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -204,3 +205,37 @@ def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -
             block.attn.A_log.fill_(-9.21)
     slow, _ = recall_horizon(lm)
     assert slow > 1000 * max(fast, 1)
+
+
+def _downloads() -> list[str]:
+    root = Settings.from_env().home / "downloads"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def test_a_failed_pull_that_got_nothing_leaves_nothing_and_promises_no_resume(monkeypatch) -> None:
+    import huggingface_hub
+
+    def offline(repo_id, *, revision=None, local_dir=None, allow_patterns=None):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    res = laplace("pull", "someone/Tiny-Llamba")
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.output
+    assert "cannot download someone/Tiny-Llamba" in res.stderr and "kept" not in res.stderr and "resume" not in res.stderr
+    assert _downloads() == []
+    res = laplace("pull", "not-a-repo-id")  # refused before anything is fetched
+    assert res.exit_code == 1 and "is not a repo id" in res.stderr and "kept" not in res.stderr
+    assert _downloads() == []
+
+
+def test_a_failed_pull_that_got_part_of_the_files_keeps_them_and_says_so(monkeypatch, ckpt) -> None:
+    import huggingface_hub
+
+    def cut_off(repo_id, *, revision=None, local_dir=None, allow_patterns=None):
+        shutil.copy(ckpt / "config.json", Path(local_dir) / "config.json")
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", cut_off)
+    res = laplace("pull", "someone/Tiny-Llamba")
+    assert res.exit_code == 1 and "what was downloaded is kept" in res.stderr and "run the same pull again" in res.stderr
+    assert _downloads() == ["someone__Tiny-Llamba", "someone__Tiny-Llamba/config.json"]
