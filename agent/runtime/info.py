@@ -12,6 +12,8 @@ from agent.runtime.config import PRESETS
 from agent.runtime.device import DeviceUnavailableError, resolve_device
 from agent.runtime.model import build_model
 from agent.runtime.params import is_block_matrix
+from agent.runtime.templates import load_chat_template
+from agent.runtime.tokenizer import Tokenizer
 
 
 class ModelInfoError(RuntimeError):
@@ -27,12 +29,19 @@ def count_on_meta(config: Any) -> tuple[int, int]:
 
 
 def check_model_files(root: Path, config: Any) -> None:
-    """What loading would refuse, found from the file list and the weights' header alone:
-    a missing file, a truncated or unreadable model.safetensors, tensors that do not fit
-    the config. Raises ModelInfoError naming the file."""
+    """What loading would refuse, found from the file list, the weights' header and the
+    tokenizer and template files: a missing file, a truncated or unreadable
+    model.safetensors, tensors that do not fit the config, a tokenizer or chat template
+    that does not parse. Raises ModelInfoError naming the file."""
     missing = [f for f in MODEL_FILES if not (root / f).is_file()]
     if missing:
         raise ModelInfoError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
+    try:
+        Tokenizer.from_file(root / "tokenizer.json")
+        load_chat_template(root / "chat_template.json")
+    except Exception as exc:  # tokenizers raises its own Exception type
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelInfoError(f"tokenizer or chat template in {root} is invalid ({first}); restore the files or re-export the model") from None
     weights = root / "model.safetensors"
     try:
         with safe_open(str(weights), framework="pt") as f:  # checks the header covers the file
