@@ -8,6 +8,7 @@ from __future__ import annotations
 from .errors import (
     AmbiguousSessionId,
     DamagedTokenIds,
+    ForeignDatabase,
     InvalidTurnOperation,
     SchemaTooOld,
     SessionError,
@@ -25,7 +26,7 @@ from .store import SessionStore
 from .store_leases import Lease
 
 __all__ = [
-    "AmbiguousSessionId", "DamagedTokenIds", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
+    "AmbiguousSessionId", "DamagedTokenIds", "ForeignDatabase", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
     "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
     "SessionNotFound", "SessionStore", "SessionSummary", "Snapshot", "StateChecksumError",
     "StateError", "StateMeta", "StateModelMismatch", "StateTranscriptMismatch", "Turn",

@@ -84,6 +84,17 @@ class SchemaTooOld(SessionError):
         )
 
 
+class ForeignDatabase(SessionError):
+    """The database file holds another program's tables: laplace does not write into it."""
+
+    def __init__(self, path: object, tables: Sequence[str]) -> None:
+        shown = ", ".join(tables[:5]) + (f" (+{len(tables) - 5} more)" if len(tables) > 5 else "")
+        super().__init__(
+            f"{path} is an SQLite database of another program (tables: {shown}), so laplace leaves it alone; "
+            "move it aside, or set LAPLACE_HOME to another directory"
+        )
+
+
 class StateError(SessionError):
     """A stored state that cannot be trusted; the way out is always a replay of the transcript."""
 
