@@ -87,6 +87,17 @@ def test_an_empty_file_or_a_laplace_database_is_fine(laplace_home: Path) -> None
     assert run("list").exit_code == 0  # and again, now that it is laplace's
 
 
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_laplace_home_is_an_error_not_the_default(value: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a blank value must not become a directory named "  " here either
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # where the default would be
+    monkeypatch.setenv("LAPLACE_HOME", value)
+    assert_one_error_line(run("list"), "LAPLACE_HOME is set but empty", "unset it", str(tmp_path / "xdg"))
+    assert_one_error_line(runner.invoke(app, ["ask", "-m", "tiny", "hi"]), "LAPLACE_HOME is set but empty")
+    assert list(tmp_path.iterdir()) == []  # neither the default home nor a directory named "  "
+
+
 def test_home_not_creatable(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(self: Path, *a: object, **k: object) -> None:
         raise PermissionError(13, "Permission denied", str(self))
