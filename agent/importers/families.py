@@ -36,6 +36,12 @@ def detect(config: dict[str, Any]) -> str:
     )
 
 
+# Parameters `map_weights` makes up rather than copies, by family (name suffixes): Llamba's
+# decay is -softplus(a), i.e. the ssd mixer's with A_log and dt_bias at 0. The import
+# records them in the card so that `laplace info` counts the checkpoint's own parameters.
+SYNTHESIZED = {"llamba": ["attn.A_log", "attn.dt_bias"]}
+
+
 def _need(cfg: dict[str, Any], key: str, kind: type = int) -> Any:
     v = cfg.get(key)
     if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:

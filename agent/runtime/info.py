@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from safetensors import SafetensorError, safe_open
 
@@ -20,11 +20,13 @@ class ModelInfoError(RuntimeError):
     pass
 
 
-def count_on_meta(config: Any) -> tuple[int, int]:
-    """(all parameters, Muon parameters) counted on a meta-device build: no memory used."""
+def count_on_meta(config: Any, skip: Sequence[str] = ()) -> tuple[int, int]:
+    """(all parameters, Muon parameters) counted on a meta-device build: no memory used.
+    Names ending in a `skip` suffix (an import's made-up constants) are not counted."""
     model = build_model(config, device="meta")
-    total = sum(p.numel() for p in model.parameters())
-    muon = sum(p.numel() for name, p in model.named_parameters() if is_block_matrix(name, p))
+    params = [(name, p) for name, p in model.named_parameters() if not name.endswith(tuple(skip))]
+    total = sum(p.numel() for _, p in params)
+    muon = sum(p.numel() for name, p in params if is_block_matrix(name, p))
     return total, muon
 
 
@@ -76,7 +78,7 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
     else:
         known = ", ".join(sorted(PRESETS))
         raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")
-    total, muon = count_on_meta(config)
+    total, muon = count_on_meta(config, card.get("synthesized_parameters") or ())
     state = config.state_bytes()
     kv = config.kv_cache_bytes(8192)
     return {

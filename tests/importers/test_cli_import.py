@@ -69,6 +69,9 @@ def test_import_then_ask_probe_info_finetune(ckpt, tmp_path) -> None:
                   "--batch-tokens", "64")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "ft" / "model.safetensors").is_file()
+    assert "synthesized_parameters" in info["card"]  # fixed at 0 by the import: not counted
+    tuned = json.loads(laplace("info", "-m", str(tmp_path / "ft"), "--json").stdout)
+    assert "synthesized_parameters" not in tuned["card"] and tuned["parameters"] > info["parameters"]  # trained now
 
 
 def test_import_check_flags_a_random_model(ckpt) -> None:
@@ -239,3 +242,14 @@ def test_a_failed_pull_that_got_part_of_the_files_keeps_them_and_says_so(monkeyp
     res = laplace("pull", "someone/Tiny-Llamba")
     assert res.exit_code == 1 and "what was downloaded is kept" in res.stderr and "run the same pull again" in res.stderr
     assert _downloads() == ["someone__Tiny-Llamba", "someone__Tiny-Llamba/config.json"]
+
+
+def test_info_counts_the_parameters_of_the_checkpoint_not_the_ones_the_import_makes_up(tmp_path) -> None:
+    """A Llamba import fills A_log and dt_bias with zeros (its decay is -softplus(a)); they
+    are not the checkpoint's parameters, so `info` does not count them (lm_head: untied)."""
+    tensors = llamba_checkpoint(tmp_path / "ckpt")
+    assert laplace("import", str(tmp_path / "ckpt"), "--out", "lb").exit_code == 0
+    info = json.loads(laplace("info", "-m", "lb", "--json").stdout)
+    assert info["parameters"] == sum(t.numel() for t in tensors.values())
+    assert info["muon_parameters"] + info["adamw_parameters"] == info["parameters"]
+
