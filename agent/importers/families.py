@@ -26,7 +26,9 @@ def detect(config: dict[str, Any]) -> str:
     """'llamba' or 'mamba2', or CheckpointError naming what was found."""
     mt = str(config.get("model_type", ""))
     archs = [str(a) for a in config.get("architectures") or []]
-    if mt == "llamba" or (isinstance(config.get("ssm_cfg"), dict) and "n_v_heads" in config["ssm_cfg"] and "mlp_cfg" in config):
+    # cartesia's configs carry no model_type; ssm_cfg + mlp_cfg is the Llamba layout (each
+    # key inside may be left to the code's defaults, n_v_heads included).
+    if mt == "llamba" or (isinstance(config.get("ssm_cfg"), dict) and isinstance(config.get("mlp_cfg"), dict)):
         return "llamba"
     if mt == "mamba2" or "Mamba2ForCausalLM" in archs:
         return "mamba2"

@@ -253,3 +253,14 @@ def test_info_counts_the_parameters_of_the_checkpoint_not_the_ones_the_import_ma
     assert info["parameters"] == sum(t.numel() for t in tensors.values())
     assert info["muon_parameters"] + info["adamw_parameters"] == info["parameters"]
 
+
+def test_a_llamba_config_that_leaves_n_v_heads_to_the_default_is_imported(tmp_path) -> None:
+    """cartesia's DiscreteMamba2 defaults n_v_heads (and n_qk_heads) to 32: a config.json
+    that leaves them out is still a Llamba."""
+    llamba_checkpoint(tmp_path / "ckpt", d_model=64, n_v_heads=32, n_qk_heads=32)
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    del cfg["ssm_cfg"]["n_v_heads"], cfg["ssm_cfg"]["n_qk_heads"]
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    res = laplace("import", str(tmp_path / "ckpt"), "--out", "lb")
+    assert res.exit_code == 0, res.output
+    assert "32 heads" in res.stdout
