@@ -282,8 +282,7 @@ def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     Default: $LAPLACE_HOME/keymap.toml, used only if it exists; a --keymap file must exist."""
     import tomllib
 
-    from agent.tui.factory import known_binding_ids
-    from agent.tui.keymap import validate_keymap
+    from agent.tui.factory import checked_keymap
 
     if path is not None and not path.is_file():
         raise _fail(f"keymap {path} does not exist; check the --keymap path" if not path.exists()
@@ -303,7 +302,7 @@ def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     if not isinstance(keys, dict):
         raise _fail(f"keymap {path}: [keys] must be {table}")
     try:
-        return validate_keymap(keys, known_binding_ids())
+        return checked_keymap(keys)
     except ValueError as exc:
         raise _fail(f"{path}: {exc}") from None
 
