@@ -1,7 +1,8 @@
 """`laplace sessions ...`: list, show, rename, rm, fork, export, search, archive, retention.
 
 Imports only typer/rich, `sessions`, `agent.display` and the CLI's own store helpers
-(never torch; `verify --replay` loads the model inside the command), so managing sessions
+(never torch; `verify --replay`, and `fork` where it must replay, load the model inside the
+command), so managing sessions
 starts in a fraction of a second. Commands parse arguments and call the store;
 every SessionError or unusable data directory becomes one `error: ...` line on stderr and
 exit code 1. Stored text (names, turns, snippets) is user or model data: it is printed as
