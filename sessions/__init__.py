@@ -26,8 +26,8 @@ from .store import SessionStore
 from .store_leases import Lease
 
 __all__ = [
-    "AmbiguousSessionId", "DamagedTokenIds", "ForeignDatabase", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
-    "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
+    "AmbiguousSessionId", "DamagedTokenIds", "ForeignDatabase", "GENESIS_HASH", "InvalidTurnOperation", "Lease",
+    "LeaseInfo", "Resumed", "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
     "SessionNotFound", "SessionStore", "SessionSummary", "Snapshot", "StateChecksumError",
     "StateError", "StateMeta", "StateModelMismatch", "StateTranscriptMismatch", "Turn",
     "TurnNotFound", "chain_hash", "pack_ids", "unpack_ids",
