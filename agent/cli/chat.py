@@ -253,7 +253,8 @@ def ask(
             elif isinstance(ev, TurnFinished):
                 finished = ev.turn
     except KeyboardInterrupt:
-        typer.echo("\ncancelled: the partial reply was saved, marked cancelled", err=True)
+        typer.echo("\ncancelled: the partial reply was saved, marked cancelled" if started is not None else
+                   "\ncancelled: your message was saved; the state reads it when the session is next opened", err=True)
         raise typer.Exit(130) from None
     except ChatError as exc:
         raise _fail(str(exc)) from None

@@ -54,3 +54,23 @@ def test_ask_shows_the_fold_of_a_long_message():
     res = laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "-", input=LONG * 4)
     assert res.exit_code == 0, res.output
     assert "folding your message" in res.stderr
+
+
+def test_ask_stopped_mid_fold_says_the_message_is_kept_for_the_next_open(monkeypatch):
+    import agent.chat.service as service_module
+
+    real_fold = service_module.fold
+
+    def stopped(runner, ids, state):  # type: ignore[no-untyped-def]
+        for i, step in enumerate(real_fold(runner, ids, state)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield step
+
+    assert laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "hi").exit_code == 0
+    monkeypatch.setattr(service_module, "fold", stopped)
+    res = laplace("ask", "-c", "-", input=LONG * 4)
+    assert res.exit_code == 130 and "your message was saved" in res.stderr and "partial reply" not in res.stderr
+    monkeypatch.setattr(service_module, "fold", real_fold)
+    res = laplace("ask", "-c", "-o", "max_new_tokens", "2", "and?")
+    assert res.exit_code == 0 and "folding turns stored after the last state" in res.stderr, res.output
