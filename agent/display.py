@@ -30,11 +30,12 @@ def displayable(text: str) -> str:
 _JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f]")
 
 
-def json_for_terminal(data: Any) -> str:
-    """Indented JSON with non-ASCII text kept readable and no raw control character in it.
+def json_for_terminal(data: Any, *, indent: int | None = 2) -> str:
+    """JSON (indented, or one line with `indent=None`) with non-ASCII text kept readable and
+    no raw control character in it.
 
     Outside strings JSON is plain ASCII, so escaping every match is always valid and lossless."""
-    text = json.dumps(data, indent=2, ensure_ascii=False)
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
     return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

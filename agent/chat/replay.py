@@ -7,14 +7,19 @@ resume, regenerate, switching branches), `ChatService.rebuild_state` (the whole 
 a fresh state, with progress) and `laplace sessions verify --replay` (`verify.py`, which
 compares a replay with the stored state). `recovery.py`, beside it, readies a branch for a
 replay and folds what a crashed writer left unread.
+
+Ids are folded one prefill segment at a time (`fold`, the same segments `runner.prefill`
+cuts), so a turn of a million tokens reports progress as it goes and the state is the one a
+single `prefill` would give.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
-from agent.chat.types import StateUnusableError
-from sessions import Session, SessionStore, StateError
+from agent.chat.browse import guarded
+from agent.chat.types import ProgressEvent, StateUnusableError
+from sessions import Session, SessionStore, StateError, StateMeta
 
 if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
@@ -31,18 +36,36 @@ class Replaying(Protocol):
     model_id: str
     fingerprint: str
 
+    def _fresh_state(self) -> RecurrentState: ...
+
+    def _blob(self, state: RecurrentState) -> bytes: ...
+
+    def _meta(self, state: RecurrentState) -> StateMeta: ...
+
+
+Progress = Callable[[ProgressEvent], None]
+
+
+def fold(runner: EagerRunner, ids: Sequence[int], state: RecurrentState) -> Iterator[tuple[int, RecurrentState]]:
+    """Fold `ids` into `state` one prefill segment at a time; yields (ids folded so far,
+    state) after each segment. The segments are those `runner.prefill(ids)` would cut."""
+    step = runner.segment_len
+    for start in range(0, len(ids), step):
+        _, state = runner.prefill(ids[start:start + step], state)
+        yield min(start + step, len(ids)), state
+
 
 def replay(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
            after_turn_id: int | None = None) -> Iterator[tuple[int, RecurrentState]]:
     """Fold the stored ids of the branch up to `turn_id` (only those after `after_turn_id`,
-    when given) into `state`; yields (tokens folded so far, state) after each turn, so a
-    caller can report progress or stop between turns."""
+    when given) into `state`; yields (tokens folded so far, state) after each prefill
+    segment, so a caller can report progress or stop between segments."""
     done = 0
     for ids in store.tree.branch_token_ids(session_id, turn_id, after_turn_id=after_turn_id):
-        if ids:
-            _, state = runner.prefill(ids, state)
-        done += len(ids)
-        yield done, state
+        base = done
+        for n, state in fold(runner, ids, state):
+            done = base + n
+            yield done, state
 
 
 def replayed(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
@@ -53,10 +76,13 @@ def replayed(runner: EagerRunner, store: SessionStore, session_id: int, turn_id:
     return state
 
 
-def load_state(service: Replaying, session: Session, turn_id: int | None = None) -> RecurrentState:
+def load_state(service: Replaying, session: Session, turn_id: int | None = None, *,
+               progress: Progress | None = None) -> RecurrentState:
     """The state after `turn_id` (default: head) from the newest snapshot on the branch,
-    folding any turns stored after it (e.g. a user message whose reply crashed). Raises
-    StateUnusableError, naming the way out, when no stored state can be trusted."""
+    folding any turns stored after it (e.g. a message whose fold or reply was interrupted),
+    with `progress`, and storing the state after them, so that the next open loads it
+    instead of folding them again. Raises StateUnusableError, naming the way out, when no
+    stored state can be trusted."""
     from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
 
     store = service.store
@@ -78,5 +104,10 @@ def load_state(service: Replaying, session: Session, turn_id: int | None = None)
         raise StateUnusableError(f"{exc}{hint}{how}") from None
     state.n_tokens = snap.n_tokens
     if turn.tokens_total > snap.n_tokens:
-        state = replayed(service.runner, store, session.id, turn.id, state, after_turn_id=snap.turn_id)
+        total = turn.tokens_total - snap.n_tokens
+        for done, state in replay(service.runner, store, session.id, turn.id, state, after_turn_id=snap.turn_id):
+            if progress is not None:
+                progress(ProgressEvent("folding turns stored after the last state", done, total))
+        if turn.status != "streaming":  # fold once: a cache of the state after them, like a commit's
+            guarded(lambda: store.states.put(turn.id, service._blob(state), service._meta(state)))
     return state

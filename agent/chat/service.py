@@ -27,8 +27,8 @@ from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
 from agent.chat.options import SessionOptions
 from agent.chat.recall import RecallRefresh
-from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
-from agent.chat.replay import load_state, replay
+from agent.chat.recovery import check_token_chain, fold_interrupted, rebuild
+from agent.chat.replay import Progress, fold, load_state
 from agent.chat.types import (
     ChatError,
     ChatEvent,
@@ -148,9 +148,11 @@ class ChatService(SessionBrowsing):
             self.options = options
             return self._view(session)
 
-    def resume(self, uid_prefix: str | None = None) -> SessionView:
-        """Load the stored state (no transcript replay). Raises StateUnusableError when the
-        stored state cannot be trusted; the session stays selected so `rebuild_state` works."""
+    def resume(self, uid_prefix: str | None = None, *, progress: Progress | None = None) -> SessionView:
+        """Load the stored state (no transcript replay). Turns stored after it (a message
+        whose fold was interrupted) are folded with `progress` and stored, once. Raises
+        StateUnusableError when the stored state cannot be trusted; the session stays
+        selected so `rebuild_state` works."""
         with self._lock:
             try:
                 session = self.store.core.get_session(uid_prefix) if uid_prefix else self.store.browse.most_recent_session()
@@ -160,31 +162,17 @@ class ChatService(SessionBrowsing):
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
             self._adopt_options(session)
-            fold_interrupted(self, session)
+            fold_interrupted(self, session, progress=progress)
             check_token_chain(self.store, session)
-            self._state = load_state(self, session)
+            self._state = load_state(self, session, progress=progress)
             return self._view(self.store.core.get_session(session.id))
 
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
         with self._lock:
-            session = self._require()
-            head = prepare_rebuild(self, session)
-            state, done = self._fresh_state(), 0
-            turns = replay(self.runner, self.store, session.id, head.id, state)
-            while True:
-                if cancel is not None and cancel.is_set():  # between turns: nothing is stored
-                    yield ProgressEvent("rebuild cancelled", done, head.tokens_total)
-                    return
-                try:
-                    done, state = next(turns)
-                except StopIteration:
-                    break
-                yield ProgressEvent("replaying transcript", done, head.tokens_total)
-            if head.status == "streaming":
-                raise ChatError(f"turn {head.id} is still being written by another process")
-            self.store.states.put(head.id, self._blob(state), self._meta(state))
-            self._state = state
+            state = yield from rebuild(self, self._require(), cancel)
+            if state is not None:
+                self._state = state
 
     def _state_now(self) -> RecurrentState:
         if self._state is None:
@@ -202,9 +190,12 @@ class ChatService(SessionBrowsing):
             ids = self.lm.template.message(self.lm.tokenizer, "user", text)
             recall = self._guard(lambda: self.refresher.plan(session, text, self.options.refresh))
             block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
+            self._state = None  # stored but not yet read: stopped mid-fold, the next use loads (and folds) it
             if recall is not None:
                 _, state = self.runner.prefill(recall.token_ids, state)
-            _, state = self.runner.prefill(ids, state)
+            for done, state in fold(self.runner, ids, state):
+                if len(ids) > self.runner.segment_len:  # a long message: say how far the fold is
+                    yield ProgressEvent("folding your message", done, len(ids))
             self._state = state  # the user turn is stored; the live state has read it
             yield from self._reply(session, state, cancel, user_turn=self._turn_view(user),
                                    recall_turn=self._turn_view(block) if block is not None else None)

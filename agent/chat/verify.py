@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.chat.replay import replayed
-from sessions import Session, SessionStore, Snapshot, StateError
+from sessions import Session, SessionError, SessionStore, Snapshot, StateError
 
 if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
@@ -52,12 +52,16 @@ def verify_session(store: SessionStore, ref: str) -> list[str]:
     """The report lines of a passed chain and snapshot check; raises VerifyFailed otherwise."""
     s = store.core.get_session(ref)
     try:
-        tokens = store.chain.check_chain(s.id)  # names the first turn whose ids break the chain
+        tokens = store.chain.check_chain(s.id)  # names the first turn whose ids are damaged or break the chain
         turns = store.states.verify_branch(s.id)  # then every snapshot on the branch, bytes included
-    except StateError as exc:
+    except SessionError as exc:  # a StateError (rebuild) or damaged ids (fork before them)
         raise VerifyFailed(str(exc)) from None
     head = store.tree.get_turn(s.head_turn_id)
     snaps = [x for x in store.states.all(s.id) if x.turn_id in {t.id for t in store.tree.branch(s.id)}]
+    if not snaps:  # the chain alone says nothing about a state: there is none to check
+        raise VerifyFailed(f"session {s.short_id} has no stored state on this branch, so it is not verified "
+                           f"(its hash chain over {turns} turns matches); make one by replaying the transcript: "
+                           f"{_rebuild(s.uid)}")
     lines = [f"session {s.short_id}: hash chain recomputed over {turns} turns ({tokens:,} tokens) matches; "
              f"{len(snaps)} snapshot(s) on this branch pass checksum and chain checks"]
     if head.status == "streaming":

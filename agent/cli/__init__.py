@@ -14,7 +14,7 @@ import typer
 from agent.cli.errors import fail
 from agent.cli.store import settings_of
 from agent.display import human_bytes
-from agent.settings import Settings
+from agent.settings import Settings, SettingsError
 
 app = typer.Typer(
     name="laplace",
@@ -29,7 +29,10 @@ app = typer.Typer(
 def _root(ctx: typer.Context) -> None:
     """laplace: chat with a model whose memory of the session never grows."""
     # The environment is read here, once, and passed down: every command takes it from ctx.
-    ctx.obj = Settings.from_env()
+    try:
+        ctx.obj = Settings.from_env()
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
 
 
 @app.command()

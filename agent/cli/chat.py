@@ -6,7 +6,6 @@ the service and the TUI never construct their own dependencies.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -156,7 +155,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 service.new_session(system=system)
             else:
                 try:
-                    service.resume(target.uid)
+                    service.resume(target.uid, progress=lambda ev: _progress(ev.label, ev.done, ev.total))
                 except StateUnusableError as exc:
                     if defer_unusable and not rebuild_state:
                         unusable = exc
@@ -171,11 +170,14 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None
+        except BaseException:  # e.g. Ctrl-C during a rebuild: give the session's lease back
+            service.close()
+            raise
         return service, unusable
     except SessionError as exc:
         store.close()
         raise _fail(str(exc)) from None
-    except typer.Exit:
+    except BaseException:
         store.close()
         raise
 
@@ -227,12 +229,12 @@ def ask(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
-    from agent.chat.types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
+    from agent.chat.types import ChatError, ProgressEvent, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
     service, _ = open_service(settings_of(ctx), model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
                               rebuild_state=rebuild_state, system=system, initial_state=initial_state)
-    from agent.display import displayable
+    from agent.display import displayable, json_for_terminal
 
     show = displayable if sys.stdout.isatty() else (lambda text: text)  # pipes get the exact bytes
     started = finished = stats = None
@@ -244,12 +246,15 @@ def ask(
                 sys.stdout.flush()
             elif isinstance(ev, TurnStarted):
                 started = ev
+            elif isinstance(ev, ProgressEvent):  # a long message being folded, on stderr
+                _progress(ev.label, ev.done, ev.total)
             elif isinstance(ev, StatsEvent):
                 stats = ev
             elif isinstance(ev, TurnFinished):
                 finished = ev.turn
     except KeyboardInterrupt:
-        typer.echo("\ncancelled: the partial reply was saved, marked cancelled", err=True)
+        typer.echo("\ncancelled: the partial reply was saved, marked cancelled" if started is not None else
+                   "\ncancelled: your message was saved; the state reads it when the session is next opened", err=True)
         raise typer.Exit(130) from None
     except ChatError as exc:
         raise _fail(str(exc)) from None
@@ -266,7 +271,7 @@ def ask(
         if started.recall_turn is not None:  # recall refresh folded a block before the message
             result.extra["recall"] = {"turn_id": started.recall_turn.id, "tokens": started.recall_turn.n_tokens,
                                       "text": started.recall_turn.content}
-        typer.echo(json.dumps(asdict(result), ensure_ascii=False))
+        typer.echo(json_for_terminal(asdict(result), indent=None))  # one line; no raw DEL or C1 controls
     else:
         sys.stdout.write("\n")
     if finished.status == "error":
@@ -278,8 +283,7 @@ def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     Default: $LAPLACE_HOME/keymap.toml, used only if it exists; a --keymap file must exist."""
     import tomllib
 
-    from agent.tui.factory import known_binding_ids
-    from agent.tui.keymap import validate_keymap
+    from agent.tui.factory import checked_keymap
 
     if path is not None and not path.is_file():
         raise _fail(f"keymap {path} does not exist; check the --keymap path" if not path.exists()
@@ -299,7 +303,7 @@ def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     if not isinstance(keys, dict):
         raise _fail(f"keymap {path}: [keys] must be {table}")
     try:
-        return validate_keymap(keys, known_binding_ids())
+        return checked_keymap(keys)
     except ValueError as exc:
         raise _fail(f"{path}: {exc}") from None
 

@@ -70,6 +70,12 @@ def _self_check(lm: "LoadedModel") -> None:
     typer.echo("self-check: ok")
 
 
+def _downloaded(folder: Path) -> bool:
+    """Whether a download folder holds any bytes of the checkpoint: a file, or a partial one
+    the hub client resumes (not its empty lock files or the .gitignore it writes first)."""
+    return any(p.is_file() and p.name != ".gitignore" and p.stat().st_size > 0 for p in folder.rglob("*"))
+
+
 def import_command(
     ctx: typer.Context,
     path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba or Mamba2ForCausalLM)."),
@@ -114,7 +120,12 @@ def pull_command(
         if tokenizer and tok_dir is not None:
             fetch(tokenizer, tok_dir, patterns=TOKENIZER_FILES)
     except CheckpointError as exc:
-        raise fail(f"{exc} (what was downloaded is kept in {downloads}; run the same pull again to resume)") from None
+        kept = [d for d in (src, tok_dir) if d is not None and _downloaded(d)]
+        for d in (src, tok_dir, downloads):  # what holds nothing is not left behind
+            if d is not None and d.is_dir() and not _downloaded(d):
+                shutil.rmtree(d, ignore_errors=True)
+        resume = f" (what was downloaded is kept in {kept[0]}; run the same pull again to resume)" if kept else ""
+        raise fail(f"{exc}{resume}") from None
     lm = _convert(src, target, tokenizer=tok_dir, plain=plain_template, label=repo_id)
     if not keep_download:
         shutil.rmtree(src, ignore_errors=True)

@@ -1,7 +1,8 @@
 """`laplace sessions ...`: list, show, rename, rm, fork, export, search, archive, retention.
 
 Imports only typer/rich, `sessions`, `agent.display` and the CLI's own store helpers
-(never torch; `verify --replay` loads the model inside the command), so managing sessions
+(never torch; `verify --replay`, and `fork` where it must replay, load the model inside the
+command), so managing sessions
 starts in a fraction of a second. Commands parse arguments and call the store;
 every SessionError or unusable data directory becomes one `error: ...` line on stderr and
 exit code 1. Stored text (names, turns, snippets) is user or model data: it is printed as
@@ -180,11 +181,37 @@ def fork(
     session_id: str,
     at: Optional[int] = typer.Option(None, "--at", help="Turn id to fork at (default: the head)."),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the new session."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for a replay, when no state up to the turn was kept (default: the session's own)."),
+    device: str = typer.Option("auto", "--device", help="Device for that replay: auto | cpu | cuda | neuron."),
 ) -> None:
-    """Copy a session (up to a turn) into a new session with its state."""
+    """Copy a session (up to a turn) into a new session with its state. Where retention
+    pruned every state up to that turn, the copy's transcript is replayed into one."""
     with _store(ctx) as store:
         new = store.browse.fork(session_id, at, name=name)
+        stateless = store.states.latest(new.id) is None
+        tokens = store.tree.get_turn(new.head_turn_id).tokens_total
+    if stateless:
+        _replay_fork(ctx, new.uid, model, device)
+        typer.echo(f"forked at turn {new.forked_from_turn_id}, where retention had kept no state: replayed its "
+                   f"{tokens:,} tokens into a new one", err=True)
     typer.echo(new.uid)
+
+
+def _replay_fork(ctx: typer.Context, uid: str, model: Optional[str], device: str) -> None:
+    """Give a fork that has no state one, by replaying its transcript with the model (the
+    rebuild `laplace chat --rebuild-state` runs, with its progress bar). If that fails or is
+    interrupted, the fork is deleted again: the command leaves a usable fork or nothing."""
+    from agent.cli.chat import open_service
+
+    try:
+        service, _ = open_service(settings_of(ctx), model=model, session=uid, cont=False, device=device, options=[],
+                                  rebuild_state=True, system=None)
+    except BaseException:
+        with _store(ctx) as store:
+            store.browse.delete_session(uid)
+        raise
+    service.close()
+    service.store.close()
 
 
 @app.command()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.importers.chat_format import describe, segment_template
-from agent.importers.families import detect, map_weights
+from agent.importers.families import SYNTHESIZED, detect, map_weights
 from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, model_from_tensors, save_model_dir
 from agent.runtime.tokenizer import Tokenizer
@@ -58,6 +58,8 @@ def import_checkpoint(
         raise CheckpointError(f"{exc}; the checkpoint is not a plain model of its family") from None
     card: dict[str, Any] = {"name": name, "family": family, "source": source_label or str(root.resolve()),
                             "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""), **describe(template)}
+    if family in SYNTHESIZED:
+        card["synthesized_parameters"] = SYNTHESIZED[family]
     loaded = LoadedModel(model, tok, template, name=name, card=card)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else out.parent

@@ -168,3 +168,16 @@ def test_ask_json_reports_a_recall_block_and_refresh_off_suppresses_it():
         uid = s.browse.most_recent_session().uid
         kinds = [m.get("kind") for m in s.browse.export_json(uid)["messages"]]
     assert kinds.count("recall") == 1  # only the question with refresh on got a block
+
+
+def test_ask_json_writes_no_raw_control_character():
+    """DEL and the C1 controls (8-bit CSI) in stored text come back escaped, not raw."""
+    hostile = "My locker code is 48213.\u009b2J\x7f"
+    assert laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "4", "-o", "refresh_horizon", "20", hostile).exit_code == 0
+    laplace("ask", "-c", "Tell me about the garden and the river by the old mill, please.")
+    res = laplace("ask", "-c", "--json", "What is my locker code?")
+    assert res.exit_code == 0, res.output
+    assert not any(0x7f <= ord(c) <= 0x9f or (ord(c) < 0x20 and c != "\n") for c in res.stdout), repr(res.stdout)
+    assert res.stdout.count("\n") == 1  # still one line
+    data = json.loads(res.stdout)
+    assert "\u009b2J\x7f" in data["extra"]["recall"]["text"]  # the data is exact

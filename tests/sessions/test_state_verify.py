@@ -115,3 +115,33 @@ def test_chain_check_names_the_edited_turn_and_rechain_repairs_it(store: Session
     assert store.chain.rechain(chat.id) == (0, 0)
     replay(store, chat.id)
     assert store.states.verify_branch(chat.id) == len(branch)
+
+
+def test_a_token_blob_that_is_not_whole_ids_is_refused_wherever_it_is_read(store: SessionStore, chat) -> None:
+    from sessions import DamagedTokenIds
+
+    user = store.tree.branch(chat.id)[3]
+    _corrupt(store, f"UPDATE turns SET token_ids = substr(token_ids, 1, length(token_ids) - 1) WHERE id = {user.id}")
+    rows = store.db.execute("SELECT id, stream_hash, tokens_total, n_tokens FROM turns ORDER BY id").fetchall()
+    snaps = store.db.execute("SELECT id FROM state_snapshots ORDER BY id").fetchall()
+    way_out = f"laplace sessions fork {chat.uid[:8]} --at {user.parent_id}"
+    for read in (lambda: store.tree.turn_token_ids(user.id), lambda: list(store.tree.branch_token_ids(chat.id)),
+                 lambda: store.chain.check_chain(chat.id), lambda: store.chain.rechain(chat.id),
+                 lambda: store.states.verify_branch(chat.id)):
+        with pytest.raises(DamagedTokenIds) as err:
+            read()
+        assert f"turn {user.id}" in str(err.value) and way_out in str(err.value) and "\n" not in str(err.value)
+    assert store.db.execute("SELECT id, stream_hash, tokens_total, n_tokens FROM turns ORDER BY id").fetchall() == rows
+    assert store.db.execute("SELECT id FROM state_snapshots ORDER BY id").fetchall() == snaps
+
+
+def test_rechain_leaves_a_damaged_turn_on_another_branch_alone(store: SessionStore, chat) -> None:
+    old = store.tree.get_turn(store.core.get_session(chat.id).head_turn_id)
+    new = store.turns.regenerate(old.id)
+    store.turns.commit_turn(new.id, content="again", token_ids=tokens_of("again"))
+    _corrupt(store, f"UPDATE turns SET token_ids = X'0102' WHERE id = {old.id}")
+    _corrupt(store, f"UPDATE turns SET stream_hash = 'x' WHERE id = {store.tree.branch(chat.id)[2].id}")
+    before = store.db.execute("SELECT stream_hash, tokens_total FROM turns WHERE id = ?", [old.id]).fetchone()
+    fixed, _ = store.chain.rechain(chat.id)  # the head's branch is whole: it is repaired
+    assert fixed >= 1 and store.chain.check_chain(chat.id) > 0
+    assert store.db.execute("SELECT stream_hash, tokens_total FROM turns WHERE id = ?", [old.id]).fetchone() == before
