@@ -97,9 +97,8 @@ def replay_newest(store: SessionStore, ref: str, *, model: Optional[str] = None,
         for ids in store.branch_token_ids(s.id, snap.turn_id):
             if ids:
                 _, state = runner.prefill(ids, state)
-    diff = max(float((stored.gla - state.gla).abs().max()), float((stored.conv - state.conv).abs().max()))
-    same = (torch.allclose(stored.gla, state.gla, rtol=RTOL, atol=ATOL)
-            and torch.allclose(stored.conv, state.conv, rtol=RTOL, atol=ATOL))
+    diff = stored.max_abs_diff(state)
+    same = stored.allclose(state, rtol=RTOL, atol=ATOL)
     if not same:
         raise VerifyFailed(f"stored state for session {s.short_id} turn {snap.turn_id} differs from a fresh replay "
                            f"of the transcript (max difference {diff:.3g}); rebuild it by replaying the "

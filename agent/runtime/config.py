@@ -169,11 +169,18 @@ class LaplaceConfig:
     def parameters(self) -> int:
         return self.muon_parameters() + self.adamw_parameters()
 
+    def state_spec(self, batch: int = 1) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor of the recurrent state: name -> (shape, dtype), batch at dim 1, in
+        the order a saved state's layout lists them: gla [L, B, H, K, V] and the conv cache
+        [L, B, conv_dim, conv_size]."""
+        c, L, B = self, self.n_layers, batch
+        return {"gla": ((L, B, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
+                "conv": ((L, B, c.conv_dim, c.conv_size), "float32")}
+
     def state_bytes(self, batch: int = 1) -> int:
-        """fp32 recurrent state: per layer the GLA matrices plus the conv cache."""
-        gla = self.n_layers * self.n_heads * self.head_k_dim * self.head_v_dim * 4
-        conv = self.n_layers * self.conv_dim * self.conv_size * 4
-        return batch * (gla + conv)
+        """Bytes of the recurrent state: per layer the GLA matrices plus the conv cache."""
+        size = {"float32": 4, "int64": 8}
+        return sum(math.prod(shape) * size[dtype] for shape, dtype in self.state_spec(batch).values())
 
     def kv_cache_bytes(self, tokens: int, bytes_per_value: int = 2) -> int:
         """A comparable softmax KV cache (K and V of width d_model per layer, bf16 default)."""

@@ -81,12 +81,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps) if config.ffn_dim else None
         self.ffn = GLU(config) if config.ffn_dim else None
 
-    def forward(self, x: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        a, gla_state, conv_state = self.attn(self.attn_norm(x), gla_state, conv_state, lengths)
+    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """`layer`: this layer's slice of each state tensor; `pos` [B]: tokens each row has
+        read (for a mixer whose state has positions)."""
+        a, gla_state, conv_state = self.attn(self.attn_norm(x), layer["gla"], layer["conv"], lengths)
         x = x + a
         if self.ffn is not None:
             x = x + self.ffn(self.ffn_norm(x))
-        return x, gla_state, conv_state
+        return x, {"gla": gla_state, "conv": conv_state}
 
 
 class LaplaceModel(nn.Module):
@@ -163,11 +165,13 @@ class LaplaceModel(nn.Module):
         if state is None:
             state = self.new_state(B)
         x = self.embed(input_ids)
-        new_gla, new_conv = [], []
+        pos = state.tensors.get("pos")  # [1, B]: tokens each row has read, where the state keeps them
+        per_layer = [name for name in state.tensors if name != "pos"]
+        new: dict[str, list[Tensor]] = {name: [] for name in per_layer}
         for i, block in enumerate(self.blocks):
-            x, s, cv = block(x, state.gla[i], state.conv[i], lengths)
-            new_gla.append(s)
-            new_conv.append(cv)
+            x, layer = block(x, {name: state.tensors[name][i] for name in per_layer}, lengths, None if pos is None else pos[0])
+            for name in per_layer:
+                new[name].append(layer[name])
         if last_only:
             if lengths is None:
                 x = x[:, -1:]
@@ -175,10 +179,12 @@ class LaplaceModel(nn.Module):
                 x = x.gather(1, (lengths - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, x.shape[-1]))
         h = self.norm(x)
         logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed.weight.t()
+        tensors = {name: torch.stack(new[name]) for name in per_layer}
+        if pos is not None:
+            tensors["pos"] = pos + (T if lengths is None else lengths.to(pos.dtype)[None, :])
         # Token counting is host-side bookkeeping; with padded rows the caller knows the count.
         n_tokens = state.n_tokens + (T if lengths is None else 0)
-        new_state = RecurrentState(torch.stack(new_gla), torch.stack(new_conv), n_tokens)
-        return logits, new_state
+        return logits, RecurrentState(tensors, n_tokens)
 
 
 def build_model(config: LaplaceConfig, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> LaplaceModel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +121,24 @@ def test_unknown_model_name_lists_known(tmp_path):
         load_model("no-such-model", models_dir=tmp_path)
     with pytest.raises(ModelLoadError, match="has no weights"):
         load_model("laplace-3b")
+
+
+# ---- named tensors: old blobs still load; a window model's state round-trips ------------
+
+V1_BLOB = Path(__file__).parent / "data" / "state_v1_tiny.laplace-state"
+
+
+def test_a_version_1_blob_written_before_named_tensors_still_loads():
+    """tests/runtime/data/state_v1_tiny.laplace-state was written by the gla/conv-only code
+    (the tiny preset after 40 tokens); it loads, matches a recomputation, and re-serializes
+    to the very same bytes (so stored sessions keep their checksums)."""
+    lm = load_model("tiny")
+    blob = V1_BLOB.read_bytes()
+    state = RecurrentState.from_bytes(blob, config=lm.config, fingerprint=lm.fingerprint)
+    assert state.names == ["gla", "conv"] and state.n_tokens == 40
+    assert read_state_metadata(blob)["format_version"] == "1"
+    _, fresh = lm.model(torch.arange(40).view(1, 40) * 5 % 250)
+    torch.testing.assert_close(state.gla, fresh.gla, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state.conv, fresh.conv, rtol=1e-5, atol=1e-6)
+    again = state.to_bytes(fingerprint=lm.fingerprint, extra={"kind": "v1-fixture"}, architecture=lm.config.architecture())
+    assert again == blob
