@@ -1,8 +1,8 @@
 """The Laplace model: a pure Simple-GLA decoder. This file holds the math only.
 
-Each block's token mixer is the Laplace GLA mixer (below) or the Mamba-2 family's
-(`ssd.py`, for imported checkpoints); both are built from the parts in `layers.py`, run the
-same kernel and keep the same state.
+Each block's token mixer is the Laplace GLA mixer (below), the Mamba-2 family's (`ssd.py`,
+for imported checkpoints) or the window hybrid of a converted Llama teacher (`window.py`);
+all are built from the parts in `layers.py` and run the same GLA kernel.
 
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.
@@ -21,6 +21,7 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla
 from agent.runtime.ssd import SSDMixer
 from agent.runtime.state import RecurrentState
+from agent.runtime.window import WindowAttention
 
 
 class GLAAttention(nn.Module):
@@ -77,18 +78,24 @@ class Block(nn.Module):
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = GLAAttention(config) if config.mixer == "gla" else SSDMixer(config)
+        mixers = {"gla": GLAAttention, "ssd": SSDMixer, "window": WindowAttention}
+        self.attn = mixers[config.mixer](config)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps) if config.ffn_dim else None
         self.ffn = GLU(config) if config.ffn_dim else None
 
     def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
-        """`layer`: this layer's slice of each state tensor; `pos` [B]: tokens each row has
-        read (for a mixer whose state has positions)."""
-        a, gla_state, conv_state = self.attn(self.attn_norm(x), layer["gla"], layer["conv"], lengths)
+        """`layer`: this layer's slice of each state tensor; `pos` [B]: tokens read (window mixer)."""
+        h = self.attn_norm(x)
+        if isinstance(self.attn, WindowAttention):
+            assert pos is not None
+            a, layer = self.attn(h, layer, lengths, pos)
+        else:
+            a, gla_state, conv_state = self.attn(h, layer["gla"], layer["conv"], lengths)
+            layer = {"gla": gla_state, "conv": conv_state}
         x = x + a
         if self.ffn is not None:
             x = x + self.ffn(self.ffn_norm(x))
-        return x, {"gla": gla_state, "conv": conv_state}
+        return x, layer
 
 
 class LaplaceModel(nn.Module):
@@ -125,7 +132,7 @@ class LaplaceModel(nn.Module):
             for norm in (block.attn_norm, block.ffn_norm):
                 if norm is not None:
                     norm.weight.fill_(1.0)
-            if isinstance(a, SSDMixer):
+            if isinstance(a, (SSDMixer, WindowAttention)):
                 for lin in glu:
                     normal_(lin.weight, std)
                 if ffn is not None:
@@ -165,7 +172,7 @@ class LaplaceModel(nn.Module):
         if state is None:
             state = self.new_state(B)
         x = self.embed(input_ids)
-        pos = state.tensors.get("pos")  # [1, B]: tokens each row has read, where the state keeps them
+        pos = state.tensors.get("pos")  # [1, B]: tokens each row has read (window mixer)
         per_layer = [name for name in state.tensors if name != "pos"]
         new: dict[str, list[Tensor]] = {name: [] for name in per_layer}
         for i, block in enumerate(self.blocks):

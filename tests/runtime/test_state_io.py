@@ -142,3 +142,25 @@ def test_a_version_1_blob_written_before_named_tensors_still_loads():
     torch.testing.assert_close(state.conv, fresh.conv, rtol=1e-5, atol=1e-6)
     again = state.to_bytes(fingerprint=lm.fingerprint, extra={"kind": "v1-fixture"}, architecture=lm.config.architecture())
     assert again == blob
+
+
+def test_window_state_round_trips_with_its_positions():
+    from tests.runtime.test_window import window_model
+
+    model = window_model()
+    _, state = model(torch.randint(0, 64, (2, 20)))
+    blob = state.to_bytes(fingerprint="fp", architecture=model.config.architecture())
+    meta = read_state_metadata(blob)
+    assert meta["format_version"] == "2" and meta["layout"].startswith("win_k[2,2,2,10,8]+win_v[2,2,2,10,8]+gla[")
+    back = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
+    assert back.names == state.names and back.pos.dtype == torch.int64 and back.pos.tolist() == [[20, 20]]
+    assert all(torch.equal(back.tensors[n], state.tensors[n]) for n in state.names)
+    assert back.to_bytes(fingerprint="fp", architecture=model.config.architecture()) == blob
+    with pytest.raises(StateModelMismatchError, match="written by a window"):
+        RecurrentState.from_bytes(blob, config=model.config.replace(window=8))
+    with pytest.raises(StateModelMismatchError, match="does not fit"):  # a blob without the architecture: the shapes decide
+        RecurrentState.from_bytes(state.to_bytes(fingerprint="fp"), config=PRESETS["tiny"])
+    bad = bytearray(blob)
+    bad[-3] ^= 0x01  # inside pos, the last tensor written
+    with pytest.raises(StateCorruptError, match="checksum"):
+        RecurrentState.from_bytes(bytes(bad))
