@@ -29,7 +29,7 @@ Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
   With the branch off (or its gate at 0) the layer is the window-only teacher exactly.
 
 `window_attention` is the fast path (banded blocks over static shapes: S, W and the call's
-T fix every shape); `hybrid_attention_naive` the slow per-query reference from the
+T fix every shape; the ring is read in place, never reordered); `hybrid_attention_naive` the slow per-query reference from the
 definition above; `naive_forward` runs a whole model through the reference.
 """
 
@@ -78,7 +78,10 @@ def window_attention(
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
     relative to each query's max score; new win_k, new win_v; evicted ev_k, ev_v
     [B, T, G, D]: the key/value that leaves the window at each step, and ev_ok [B, T]:
-    whether there is one (its position is >= S and the step is real))."""
+    whether there is one (its position is >= S and the step is real)).
+
+    The ring is read where it lies: ring slot s holds position t0 - W + ((s - t0 + S) mod W),
+    so no step reorders it (a decode step gathers one evicted slot and scatters one key)."""
     B, T, H, D = q.shape
     G = k.shape[2]
     R, S, W = H // G, sinks, window
@@ -86,58 +89,61 @@ def window_attention(
     n = lengths if lengths is not None else torch.full((B,), T, dtype=torch.long, device=dev)
     t0 = pos.to(torch.long)
     kn, vn = k.transpose(1, 2), v.transpose(1, 2)  # [B, G, T, D]
-    # Sinks first: slot j takes the call's token j - t0 if that token is real.
+    it = torch.arange(T, device=dev)
+    new_pos = t0[:, None] + it[None, :]  # [B, T]
+    # The state after the call: token i (real) goes to sink slot p < S, or to ring slot
+    # S + (p - S) mod W if it is among the row's last W real tokens; anything else to a spare
+    # slot that is cut off. Distinct tokens never share a kept slot.
+    real = it[None, :] < n[:, None]
+    to_ring = real & (new_pos >= S) & (it[None, :] >= n[:, None] - W)
+    slot = torch.where(new_pos < S, new_pos, S + torch.remainder(new_pos - S, W))
+    slot = torch.where(real & ((new_pos < S) | to_ring), slot, S + W)[:, None, :, None].expand(B, G, T, D)
+    spare = win_k.new_zeros(B, G, 1, D)
+    out_k = torch.cat([win_k, spare], 2).scatter_(2, slot, kn)[:, :, : S + W]
+    out_v = torch.cat([win_v, spare], 2).scatter_(2, slot, vn)[:, :, : S + W]
+    # Rotations: window angles relative to off; sinks at their own positions, the query for
+    # them at min(t, S + W - 1). The sinks attended are the updated ones; the ring the old one.
     js = torch.arange(S, device=dev)
-    rel = js[None, :] - t0[:, None]  # [B, S]
-    take = ((rel >= 0) & (rel < n[:, None]))[:, None, :, None]
-    sidx = rel.clamp(0, T - 1)[:, None, :, None].expand(B, G, S, D)
-    sink_k = torch.where(take, kn.gather(2, sidx), win_k[:, :, :S])
-    sink_v = torch.where(take, vn.gather(2, sidx), win_v[:, :, :S])
-    # The ring in time order: entry j holds position t0 - W + j; then the call's tokens.
     jw = torch.arange(W, device=dev)
-    ring_idx = torch.remainder(t0[:, None] - S + jw[None, :], W)[:, None, :, None].expand(B, G, W, D)
-    ext_k = torch.cat([win_k[:, :, S:].gather(2, ring_idx), kn], dim=2)  # [B, G, W + T, D]
-    ext_v = torch.cat([win_v[:, :, S:].gather(2, ring_idx), vn], dim=2)
-    ext_pos = t0[:, None] - W + torch.arange(W + T, device=dev)[None, :]  # [B, W + T]
-    # Rotations: window angles relative to off; sinks at their own positions, the query
-    # for them at min(t, S + W - 1).
+    ring_pos = t0[:, None] - W + torch.remainder(jw[None, :] - t0[:, None] + S, W)  # [B, W], all < t0
     off = (t0 - W).clamp(min=0)
-    tq = t0[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
-    k_rot = rope(ext_k, (ext_pos - off[:, None])[:, None, :], theta)
+    ring_rot = rope(win_k[:, :, S:], (ring_pos - off[:, None])[:, None, :], theta)
+    new_rot = rope(kn, (new_pos - off[:, None])[:, None, :], theta)
+    sink_rot = rope(out_k[:, :, :S], js[None, None, :], theta)
     qh = q.transpose(1, 2).reshape(B, G, R, T, D) * D**-0.5
-    q_win = rope(qh, (tq - off[:, None])[:, None, None, :], theta)
-    q_sink = rope(qh, tq.clamp(max=S + W - 1)[:, None, None, :], theta)
-    sink_rot = rope(sink_k, js[None, None, :], theta)
-    ext_ok = ext_pos >= S  # window keys are never sinks
+    q_win = rope(qh, (new_pos - off[:, None])[:, None, None, :], theta)
+    q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
     nums, dens = [], []
     for i0 in range(0, T, block):  # static shapes: a compiler unrolls this
         i1 = min(i0 + block, T)
-        i = torch.arange(i0, i1, device=dev)[:, None]
-        e = torch.arange(i0, i1 + W, device=dev)[None, :]
-        band = (e > i) & (e <= i + W)  # key e (position t0 - W + e) is in query i's window
-        ok = band[None] & ext_ok[:, None, i0 : i1 + W]  # [B, c, c + W]
-        s_w = q_win[..., i0:i1, :] @ k_rot[:, :, None, i0 : i1 + W].transpose(-1, -2)  # [B, G, R, c, c + W]
-        s_w = s_w.masked_fill(~ok[:, None, None], float("-inf"))
-        s_s = q_sink[..., i0:i1, :] @ sink_rot[:, :, None].transpose(-1, -2)  # [B, G, R, c, S]
-        s_s = s_s.masked_fill(~(js[None, None, :] <= tq[:, i0:i1, None])[:, None, None], float("-inf"))
+        i = it[i0:i1, None]
+        tq = new_pos[:, i0:i1, None]  # [B, c, 1]
+        parts = []  # (scores, values) of each key set
+        if S:
+            ok = js[None, None, :] <= tq  # [B, c, S]
+            parts.append((q_sink[..., i0:i1, :] @ sink_rot[:, :, None].transpose(-1, -2), ok, out_v[:, :, None, :S]))
+        if i0 < W:  # a query i < W still sees part of the ring
+            ok = (ring_pos[:, None, :] > tq - W) & (ring_pos[:, None, :] >= S)  # [B, c, W]
+            parts.append((q_win[..., i0:i1, :] @ ring_rot[:, :, None].transpose(-1, -2), ok, win_v[:, :, None, S:]))
+        j0 = max(0, i0 - W + 1)  # the call's keys j any query of the block sees: i - W < j <= i
+        j = it[None, j0:i1]
+        ok = (j <= i) & (j > i - W) & (new_pos[:, None, j0:i1] >= S)  # [B, c, i1 - j0]
+        parts.append((q_win[..., i0:i1, :] @ new_rot[:, :, None, j0:i1].transpose(-1, -2), ok, vn[:, :, None, j0:i1]))
+        scores = [s.masked_fill(~ok[:, None, None], float("-inf")) for s, ok, _ in parts]
         # Every query sees at least one key (itself, or sink 0 while t < S): m is finite.
-        m = torch.maximum(s_w.amax(-1, keepdim=True), s_s.amax(-1, keepdim=True)) if S else s_w.amax(-1, keepdim=True)
-        p_w, p_s = (s_w - m).exp(), (s_s - m).exp()
-        nums.append(p_w @ ext_v[:, :, None, i0 : i1 + W] + p_s @ sink_v[:, :, None])
-        dens.append(p_w.sum(-1) + p_s.sum(-1))
+        m = torch.stack([s.amax(-1) for s in scores]).amax(0)[..., None]
+        probs = [(s - m).exp() for s in scores]
+        nums.append(sum(p @ val for p, (_, _, val) in zip(probs, parts)))
+        dens.append(sum(p.sum(-1) for p in probs))
     num = torch.cat(nums, dim=3).reshape(B, H, T, D).transpose(1, 2)
     den = torch.cat(dens, dim=3).reshape(B, H, T).transpose(1, 2)
-    # The ring after the call: the last W real tokens, positions t0 + n - W + j, each in
-    # its slot (W consecutive positions fill W slots exactly); a position < S writes zero.
-    src = (n[:, None] + jw[None, :])[:, None, :, None].expand(B, G, W, D)
-    p_new = t0[:, None] + n[:, None] - W + jw[None, :]
-    keep = (p_new >= S)[:, None, :, None]
-    slot = torch.remainder(p_new - S, W)[:, None, :, None].expand(B, G, W, D)
-    ring_k = torch.zeros_like(ext_k[:, :, :W]).scatter(2, slot, torch.where(keep, ext_k.gather(2, src), 0.0))
-    ring_v = torch.zeros_like(ext_v[:, :, :W]).scatter(2, slot, torch.where(keep, ext_v.gather(2, src), 0.0))
-    ev_ok = ext_ok[:, :T] & (torch.arange(T, device=dev)[None, :] < n[:, None])
-    return (num, den, torch.cat([sink_k, ring_k], 2), torch.cat([sink_v, ring_v], 2),
-            ext_k[:, :, :T].transpose(1, 2), ext_v[:, :, :T].transpose(1, 2), ev_ok)
+    # Step i evicts position t0 - W + i: an old ring entry for i < W, the call's token i - W after.
+    e = min(T, W)
+    ev_slot = (S + torch.remainder(t0[:, None] + it[None, :e] - S, W))[:, None, :, None].expand(B, G, e, D)
+    ev_k = torch.cat([win_k.gather(2, ev_slot), kn[:, :, : T - e]], 2).transpose(1, 2)
+    ev_v = torch.cat([win_v.gather(2, ev_slot), vn[:, :, : T - e]], 2).transpose(1, 2)
+    ev_ok = (new_pos - W >= S) & real
+    return num, den, out_k, out_v, ev_k, ev_v, ev_ok
 
 
 def combine(num: Tensor, den: Tensor, gnum: Tensor | None, gden: Tensor | None, mix: Tensor | None, mode: str) -> Tensor:
