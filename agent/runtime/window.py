@@ -29,8 +29,9 @@ Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
   With the branch off (or its gate at 0) the layer is the window-only teacher exactly.
 
 `window_attention` is the fast path (banded blocks over static shapes: S, W and the call's
-T fix every shape; the ring is read in place, never reordered); `hybrid_attention_naive` the slow per-query reference from the
-definition above; `naive_forward` runs a whole model through the reference.
+T fix every shape; the ring is read in place, never reordered); `hybrid_attention_naive`
+the slow per-query reference from the definition above; `naive_forward` runs a whole
+model through the reference.
 """
 
 from __future__ import annotations

@@ -26,3 +26,19 @@ def stdlib_text(min_chars: int = 20000) -> str:
         if total >= min_chars:
             break
     return "\n\n".join(parts)
+
+
+def reference_text(min_chars: int = 20000) -> str:
+    """The Python language reference's prose as the standard library ships it for help()
+    (`pydoc_data.topics`), topics in sorted order, until at least `min_chars` characters."""
+    from pydoc_data.topics import topics
+
+    parts: list[str] = []
+    for name in sorted(topics):
+        parts.append(topics[name].strip())
+        if sum(len(p) + 2 for p in parts) >= min_chars:
+            break
+    return "\n\n".join(parts)
+
+
+TEXTS = {"reference": reference_text, "docstrings": stdlib_text}

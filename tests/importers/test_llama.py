@@ -179,3 +179,12 @@ def test_a_real_gguf_equals_transformers(tmp_path):
     ids = torch.tensor([lm.tokenizer.encode(text)[:300]])
     with torch.no_grad():
         torch.testing.assert_close(lm.model(ids)[0], ref(ids).logits, rtol=TOL, atol=TOL)
+
+
+def test_default_system_is_kept_only_where_a_template_has_one():
+    from agent.runtime.templates import SegmentTemplate
+
+    plain = SegmentTemplate(roles_text={"system": ("<s>", "</s>")}, reply_open="")
+    assert "default_system" not in plain.to_json()  # older imported templates keep their bytes and fingerprints
+    smol = SegmentTemplate(roles_text={"system": ("<s>", "</s>")}, reply_open="", default_system="Be kind.")
+    assert SegmentTemplate.from_dict(json.loads(smol.to_json())) == smol

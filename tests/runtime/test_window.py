@@ -180,6 +180,25 @@ def test_window_beyond_the_sequence_is_plain_causal_attention():
     torch.testing.assert_close(naive, ref.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
+def test_without_sinks_the_window_is_a_masked_full_attention():
+    """S = 0, T several times W: a sliding-window mask over ordinary causal attention at
+    true positions (no sink rule to apply), computed by SDPA in one call."""
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, G, D, W = 2, 30, 4, 2, 8, 5
+    q, k, v = (torch.randn(B, T, n, D, generator=gen) for n in (H, G, G))
+    ring = torch.zeros(B, G, W, D)
+    num, den, *_ = window_attention(q, k, v, ring, ring, torch.zeros(B, dtype=torch.long), None, window=W, sinks=0,
+                                    theta=100.0, block=4)
+    from agent.runtime.window import rope
+
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    pos = torch.arange(T)
+    qr, kr = rope(q.transpose(1, 2), pos, 100.0), rope(k.transpose(1, 2).repeat_interleave(2, 1), pos, 100.0)
+    ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, v.transpose(1, 2).repeat_interleave(2, 1),
+                                                           attn_mask=(j <= i) & (j > i - W))
+    torch.testing.assert_close(num / den[..., None], ref.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
 def test_state_is_fixed_size_and_the_arithmetic_is_exact():
     model = window_model(combine="softmax")
     cfg = model.config
