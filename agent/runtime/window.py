@@ -300,26 +300,35 @@ class WindowAttention(nn.Module):
     def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         c = self.config
         B, T, _ = x.shape
-        R = c.n_heads // c.kv_heads
         q, k, v = self._qkv(x)
         num, den, win_k, win_v, ev_k, ev_v, ev_ok = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
             theta=c.rope_theta, block=c.chunk_size)
         out = {"win_k": win_k, "win_v": win_v}
-        gnum = gden = mix = None
-        br = self.gla_branch
-        if br is not None:
-            phi_q = feature_map(q, br.q_map, c.feature_map)
-            phi_k = feature_map(ev_k.repeat_interleave(R, 2), br.k_map, c.feature_map)
-            phi_k = torch.where(ev_ok[:, :, None, None], phi_k, 0.0)  # nothing leaves the window: nothing is written
-            v_aug = torch.cat([ev_v.repeat_interleave(R, 2), ev_v.new_ones(B, T, c.n_heads, 1)], dim=-1)
-            real = torch.ones(B, T, dtype=torch.bool, device=x.device) if lengths is None else (
-                torch.arange(T, device=x.device)[None, :] < lengths[:, None])
-            g = torch.where(real[:, :, None], self.decay_tap(br.log_decay(x)), 0.0)  # padding decays nothing
-            o, out["gla"] = run_gla(c, phi_q, phi_k, v_aug, g, layer["gla"])
-            gnum, gden, mix = o[..., : c.head_v_dim], o[..., c.head_v_dim], br.mix.float()
-        y = combine(num, den, gnum, gden, mix, c.combine)
+        if self.gla_branch is None:
+            y = combine(num, den, None, None, None, c.combine)
+        else:
+            y, out["gla"] = self.branch(x, q, num, den, ev_k, ev_v, ev_ok, lengths, layer["gla"])
         return self.o_proj(y.reshape(B, T, c.value_dim).to(x.dtype)), out
+
+    def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
+               lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
+        """The GLA branch over the evicted keys, combined with the window's (num, den):
+        (y [B, T, H, D], new gla state [B, H, F, D + 1]). A trainer of the branch alone can
+        call it with the window's part computed once."""
+        c, br = self.config, self.gla_branch
+        assert br is not None
+        B, T = q.shape[:2]
+        R = c.n_heads // c.kv_heads
+        phi_q = feature_map(q, br.q_map, c.feature_map)
+        phi_k = feature_map(ev_k.repeat_interleave(R, 2), br.k_map, c.feature_map)
+        phi_k = torch.where(ev_ok[:, :, None, None], phi_k, 0.0)  # nothing leaves the window: nothing is written
+        v_aug = torch.cat([ev_v.repeat_interleave(R, 2), ev_v.new_ones(B, T, c.n_heads, 1)], dim=-1)
+        real = torch.ones(B, T, dtype=torch.bool, device=q.device) if lengths is None else (
+            torch.arange(T, device=q.device)[None, :] < lengths[:, None])
+        g = torch.where(real[:, :, None], self.decay_tap(br.log_decay(x)), 0.0)  # padding decays nothing
+        o, gla_state = run_gla(c, phi_q, phi_k, v_aug, g, gla_state)
+        return combine(num, den, o[..., : c.head_v_dim], o[..., c.head_v_dim], br.mix.float(), c.combine), gla_state
 
     def reference(self, x: Tensor) -> Tensor:
         """The layer over a whole sequence from position 0 through `hybrid_attention_naive`."""

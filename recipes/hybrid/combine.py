@@ -25,8 +25,7 @@ import torch.nn.functional as F
 
 from agent.importers.gguf_source import read_gguf
 from agent.importers.llama import HybridOptions
-from agent.runtime.layers import run_gla
-from agent.runtime.window import combine, feature_map, window_attention
+from agent.runtime.window import window_attention
 from recipes.hybrid.measure import build, perplexity
 from recipes.hybrid.text import TEXTS
 
@@ -59,16 +58,12 @@ def layer_cache(attn: torch.nn.Module, h: torch.Tensor) -> dict[str, torch.Tenso
 
 
 def branch_output(attn: torch.nn.Module, cache: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The hybrid layer's attention output [1, T, H, D] (WindowAttention.forward's branch part)."""
-    c, br = attn.config, attn.gla_branch
-    R = c.n_heads // c.kv_heads
-    phi_q = feature_map(cache["q"], br.q_map, c.feature_map)
-    phi_k = feature_map(cache["ev_k"].repeat_interleave(R, 2), br.k_map, c.feature_map)
-    phi_k = torch.where(cache["ev_ok"][:, :, None, None], phi_k, 0.0)
-    ev_v = cache["ev_v"].repeat_interleave(R, 2)
-    v_aug = torch.cat([ev_v, ev_v.new_ones(*ev_v.shape[:3], 1)], -1)
-    o, _ = run_gla(c, phi_q, phi_k, v_aug, br.log_decay(cache["h"]), torch.zeros(1, c.n_heads, phi_q.shape[-1], c.head_v_dim + 1))
-    return combine(cache["num"], cache["den"], o[..., : c.head_v_dim], o[..., c.head_v_dim], br.mix.float(), c.combine)
+    """The hybrid layer's attention output [1, T, H, D] from a fresh state (the module's own
+    branch, with the window's part from the cache)."""
+    c = attn.config
+    state = torch.zeros(1, c.n_heads, c.feature_size, c.head_v_dim + 1)
+    y, _ = attn.branch(cache["h"], cache["q"], cache["num"], cache["den"], cache["ev_k"], cache["ev_v"], cache["ev_ok"], None, state)
+    return y
 
 
 @torch.no_grad()
