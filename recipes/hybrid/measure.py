@@ -8,7 +8,8 @@ whose code examples repeat identifiers far apart), read in one pass: full attent
 against the window W + S sinks with the branch off and at its init in both combine modes
 (softmax's beta = exp(-4) is not exactly 0). Decode speed: fp32, --threads threads, after a
 --prefill-token prompt, over --decode single-token steps (median and fastest step; with
---baseline also transformers' own Llama with its KV cache). Prints one JSON object.
+--baseline also transformers' own Llama with its KV cache, with --compiled also the compiled
+runner). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ def _rates(times: list[float]) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def decode_speed(model: torch.nn.Module, prompt: list[int], steps: int) -> dict[str, float]:
+def decode_speed(model: torch.nn.Module, prompt: list[int], steps: int, compiled: bool = False) -> dict[str, float]:
+    """Eager, or steps through the compiled runner (Inductor, batch width 1: minutes to
+    compile); the prompt is read eagerly either way."""
     runner = EagerRunner(model)
     _, state = runner.prefill(prompt)
+    if compiled:
+        from agent.runtime.compiled import CompiledRunner
+
+        runner = CompiledRunner(model, backend="inductor", segment_len=512, segment_buckets=(512,), batch_widths=(1,))
     tok = torch.tensor([prompt[-1]])
     runner.step(tok, state)  # warm
     times = []
@@ -86,6 +93,7 @@ def main() -> None:
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-ppl", action="store_true")
     ap.add_argument("--baseline", action="store_true", help="also time transformers' LlamaForCausalLM (a test extra)")
+    ap.add_argument("--compiled", action="store_true", help="also time the compiled runner (Inductor; compiles for minutes)")
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
@@ -116,6 +124,9 @@ def main() -> None:
     for name in (f"window{args.window}+{args.sinks}", f"window{args.window}+{args.sinks}+gla-softmax-init"):
         out["decode_tok_s"][name] = decode_speed(build(g, runs[name]), prompt, args.decode)
         print(name, out["decode_tok_s"][name], "tok/s", flush=True)
+    if args.compiled:
+        name = f"window{args.window}+{args.sinks}+gla-softmax-init-compiled"
+        out["decode_tok_s"][name] = decode_speed(build(g, runs[name.removesuffix("-compiled")]), prompt, args.decode, compiled=True)
     if args.baseline:
         out["decode_tok_s"]["transformers-kv-cache"] = teacher_decode_speed(args.gguf, prompt, args.decode)
     print(json.dumps(out, indent=2))
