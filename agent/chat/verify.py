@@ -81,7 +81,6 @@ def newest_snapshot(store: SessionStore, ref: str) -> tuple[Session, Snapshot]:
 
 def compare_replay(store: SessionStore, s: Session, snap: Snapshot, lm: LoadedModel, runner: EagerRunner) -> ReplayResult:
     """Replay the branch up to `snap` into a fresh state of `lm` and compare it with `snap`."""
-    import torch
 
     from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
 
@@ -96,9 +95,8 @@ def compare_replay(store: SessionStore, s: Session, snap: Snapshot, lm: LoadedMo
         raise VerifyFailed(f"stored state for session {s.short_id} turn {snap.turn_id} cannot be read ({exc}); "
                            f"rebuild it by replaying the transcript: {_rebuild(s.uid)}") from None
     state = replayed(runner, store, s.id, snap.turn_id, lm.model.new_state(1))
-    diff = max(float((stored.gla - state.gla).abs().max()), float((stored.conv - state.conv).abs().max()))
-    same = (torch.allclose(stored.gla, state.gla, rtol=RTOL, atol=ATOL)
-            and torch.allclose(stored.conv, state.conv, rtol=RTOL, atol=ATOL))
+    diff = stored.max_abs_diff(state)
+    same = stored.allclose(state, rtol=RTOL, atol=ATOL)
     if not same:
         raise VerifyFailed(f"stored state for session {s.short_id} turn {snap.turn_id} differs from a fresh replay "
                            f"of the transcript (max difference {diff:.3g}); rebuild it by replaying the "

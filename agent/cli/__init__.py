@@ -54,11 +54,20 @@ def info(
         typer.echo(json.dumps(data, indent=2))
         return
     c = data["config"]
+    if c.get("mixer") == "window":  # a converted Llama: the window's ring and the GLA branch make the state
+        parts = data["state_parts"]
+        branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
+        shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
+                 f"{branch}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
+        split = f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,} + positions {parts['pos']:,}; "
+    else:
+        shape = f"{c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}"
+        split = ""
     lines = [
         f"model        {data['name']}  ({data['source']})",
-        f"layers       {c['n_layers']} x hidden {c['d_model']}, {c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}",
+        f"layers       {c['n_layers']} x hidden {c['d_model']}, {shape}",
         f"parameters   {data['parameters'] / 1e9:.3f} B  ({data['parameters']:,}; Muon {data['muon_parameters']:,}, AdamW {data['adamw_parameters']:,})",
-        f"state        {data['state_bytes']:,} bytes per sequence ({human_bytes(data['state_bytes'])}), at any context length",
+        f"state        {data['state_bytes']:,} bytes per sequence ({human_bytes(data['state_bytes'])}; {split}fixed at any context length)",
         f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
         f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init" if data["half_lives"]
         else "half-lives   set by the input (a Mamba-2 mixer has no schedule); laplace probe measures them",

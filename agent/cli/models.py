@@ -1,6 +1,7 @@
 """`laplace pull` and `laplace import`: bring a public pretrained checkpoint in as a model.
 
-Both end in `$LAPLACE_HOME/models/NAME`, which `laplace chat -m NAME` (and probe, finetune,
+A Llama (a Hugging Face directory or a llama.cpp GGUF file) becomes a window hybrid whose
+window, sinks and GLA branch are import options. Both end in `$LAPLACE_HOME/models/NAME`, which `laplace chat -m NAME` (and probe, finetune,
 bench, info) then loads like any model directory. A failed pull or import leaves nothing
 under models/.
 """
@@ -37,20 +38,23 @@ def _target(settings: Settings, name: str) -> Path:
     return out
 
 
-def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str) -> "LoadedModel":
-    from agent.importers import CheckpointError, import_checkpoint
+def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str, hybrid: Optional[dict] = None) -> "LoadedModel":
+    from agent.importers import CheckpointError, HybridOptions, import_checkpoint
 
     typer.echo(f"converting {label} ...", err=True)
     try:
+        options = HybridOptions(**hybrid) if hybrid else None
         # Written under $LAPLACE_HOME/partial and renamed into models/ once it loads.
         lm = import_checkpoint(src, out, name=out.name, tokenizer_dir=tokenizer, plain_template=plain, source_label=label,
-                               work_dir=out.parent.parent / "partial")
+                               work_dir=out.parent.parent / "partial", hybrid=options)
     except CheckpointError as exc:
         raise fail(str(exc)) from None
     c = lm.config
+    shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}" if c.mixer == "window"
+             else f"{c.n_heads} heads of {c.head_k_dim} x {c.head_v_dim}")
     typer.echo(
-        f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {c.n_heads} heads of "
-        f"{c.head_k_dim} x {c.head_v_dim}, state {c.state_bytes():,} bytes, chat template {lm.card.get('chat_template')}"
+        f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {shape}, "
+        f"state {c.state_bytes():,} bytes, chat template {lm.card.get('chat_template')}"
     )
     typer.echo(f"chat with it: laplace chat -m {out.name}")
     return lm
@@ -78,20 +82,32 @@ def _downloaded(folder: Path) -> bool:
 
 def import_command(
     ctx: typer.Context,
-    path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba or Mamba2ForCausalLM)."),
+    path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba, Mamba2ForCausalLM, LlamaForCausalLM) or a Llama GGUF file."),
     out: str = typer.Option(..., "--out", "--name", help="Name of the new model under $LAPLACE_HOME/models."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Directory with tokenizer.json, if the checkpoint lacks one."),
     plain_template: bool = typer.Option(False, "--plain-template", help="Ignore the checkpoint's chat template; use plain User:/Assistant: turns."),
     check: bool = typer.Option(False, "--check", help="After importing, print perplexity on an English paragraph and a greedy reply."),
+    window: Optional[int] = typer.Option(None, "--window", help="Llama: tokens of softmax attention kept (default 256)."),
+    sinks: Optional[int] = typer.Option(None, "--sinks", help="Llama: first tokens always attended (default 4)."),
+    gla: Optional[bool] = typer.Option(None, "--gla/--no-gla", help="Llama: a GLA branch over the tokens older than the window (default on)."),
+    combine: Optional[str] = typer.Option(None, "--combine", help="Llama: how the branch joins the window: softmax (one normalisation) or gated."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
     settings = settings_of(ctx)
     src = Path(path).expanduser()
-    if not src.is_dir():
-        raise fail(f"checkpoint directory {src} does not exist" + (" (it is a file; give its directory)" if src.exists() else ""))
+    if not src.exists():
+        raise fail(f"checkpoint directory {src} does not exist")
+    if src.is_file() and src.suffix.lower() != ".gguf":
+        raise fail(f"checkpoint {src}: it is a file, not a .gguf; give its directory or a GGUF file")
+    if combine is not None and combine not in ("softmax", "gated"):
+        raise fail(f"--combine takes softmax or gated, not {combine!r}")
+    for flag, value in (("--window", window), ("--sinks", sinks)):
+        if value is not None and value < (1 if flag == "--window" else 0):
+            raise fail(f"{flag} must be {'at least 1' if flag == '--window' else '0 or more'}, not {value}")
+    hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine}.items() if v is not None}
     target = _target(settings, out)
     lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,
-                  label=str(src.resolve()))
+                  label=str(src.resolve()), hybrid=hybrid or None)
     if check:
         _self_check(lm)
 

@@ -109,7 +109,22 @@ def _render_segments(files: TokenizerFiles, stops: list[str]) -> SegmentTemplate
         reply_open = assistant[0]
     roles = {"system": (sys_prefix, sys_suffix), "user": user, "assistant": (reply_open, assistant[1]),
              "document": user}  # attached files and recall blocks: a user turn that says what it is
-    return SegmentTemplate(roles_text=roles, reply_open=reply_open, bos=bos, stop_tokens=tuple(stops), source="jinja")
+    default = _default_system(render, bos, first, roles) if first else ""
+    return SegmentTemplate(roles_text=roles, reply_open=reply_open, bos=bos, stop_tokens=tuple(stops), source="jinja",
+                           default_system=default)
+
+
+def _default_system(render: Any, bos: str, first: list[dict[str, str]], roles: dict[str, tuple[str, str]]) -> str:
+    """The system prompt a template writes on its own when a chat has none: the text
+    between the system prefix and suffix when a lone user message is rendered ("" if the
+    template writes no system message then)."""
+    user = {"role": "user", "content": PLACEHOLDER.format(n=1)}
+    text = render([user])
+    (sp, ss), (up, us) = roles["system"], roles["user"]
+    head, tail = bos + sp, ss + up + user["content"] + us
+    if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
+        return text[len(head): len(text) - len(tail)]
+    return ""
 
 
 def added_bos(files: TokenizerFiles, tok: Tokenizer) -> str:

@@ -23,7 +23,7 @@ from agent.runtime.config import LaplaceConfig
 
 
 def detect(config: dict[str, Any]) -> str:
-    """'llamba' or 'mamba2', or CheckpointError naming what was found."""
+    """'llamba', 'mamba2' or 'llama' (converted by `llama.py`), or CheckpointError naming what was found."""
     mt = str(config.get("model_type", ""))
     archs = [str(a) for a in config.get("architectures") or []]
     # cartesia's configs carry no model_type; ssm_cfg + mlp_cfg is the Llamba layout (each
@@ -32,9 +32,11 @@ def detect(config: dict[str, Any]) -> str:
         return "llamba"
     if mt == "mamba2" or "Mamba2ForCausalLM" in archs:
         return "mamba2"
+    if mt == "llama" or "LlamaForCausalLM" in archs:
+        return "llama"
     what = mt or (archs[0] if archs else "no model_type")
     raise CheckpointError(
-        f"unknown architecture ({what}); laplace imports Llamba (cartesia-ai/Llamba-*) and Mamba2ForCausalLM checkpoints"
+        f"unknown architecture ({what}); laplace imports Llamba (cartesia-ai/Llamba-*), Mamba2ForCausalLM and LlamaForCausalLM checkpoints"
     )
 
 

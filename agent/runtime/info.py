@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -80,6 +81,8 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
         raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")
     total, muon = count_on_meta(config, card.get("synthesized_parameters") or ())
     state = config.state_bytes()
+    size = {"float32": 4, "int64": 8}
+    parts = {name: math.prod(shape) * size[dtype] for name, (shape, dtype) in config.state_spec().items()}
     kv = config.kv_cache_bytes(8192)
     return {
         "name": card.get("name", name_or_path),
@@ -89,6 +92,7 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
         "muon_parameters": muon,
         "adamw_parameters": total - muon,
         "state_bytes": state,
+        "state_parts": parts,  # bytes per state tensor (gla, conv; or win_k, win_v, gla, pos)
         "kv_cache_bytes_8k": kv,
         "kv_cache_ratio_8k": kv / state,
         "half_lives": config.half_lives(),

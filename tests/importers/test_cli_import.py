@@ -104,7 +104,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, ckpt, tmp_path) -> None:
     elif case == "no-config":
         (ckpt / "config.json").unlink()
     elif case == "unknown-arch":
-        (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+        (ckpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     elif case == "no-tokenizer":
         (ckpt / "tokenizer.json").unlink()
     elif case == "bad-json":
@@ -134,7 +134,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, ckpt, tmp_path) -> None:
     assert "Traceback" not in res.output
     assert leftovers() == before  # no partial model directory, no temp directory left behind
     expected = {"missing": "does not exist", "file": "it is a file", "no-config": "config.json is missing",
-                "unknown-arch": "unknown architecture (llama)", "no-tokenizer": "--tokenizer", "bad-json": "not valid JSON",
+                "unknown-arch": "unknown architecture (gpt2)", "no-tokenizer": "--tokenizer", "bad-json": "not valid JSON",
                 "truncated-weights": "download it again", "wrong-shape": "the config and weights do not match", "extra-tensor": "does not use",
                 "exists": "already exists", "bad-name": "not usable as a directory name"}[case]
     assert expected in res.stderr
