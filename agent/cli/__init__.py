@@ -106,8 +106,10 @@ def bench(
 
 def _register_subcommands() -> None:
     from agent.cli import chat as cli_chat, finetune as cli_finetune, models as cli_models, probe as cli_probe, sessions as cli_sessions
+    from agent.cli import serve as cli_serve
 
     cli_chat.register(app)
+    cli_serve.register(app)
     app.add_typer(cli_sessions.app, name="sessions", help="Manage saved sessions.")
     app.add_typer(cli_probe.app, name="probe", help="Measure what a fixed state still remembers.")
     app.command("finetune")(cli_finetune.finetune_command)
