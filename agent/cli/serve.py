@@ -49,9 +49,14 @@ def serve_command(
     from agent.serve.protocol import Limits
     from agent.serve.server import TOKEN_FILE, bind, is_loopback, load_or_create_token
 
+    from agent.chat.options import parse_pairs
+
     settings = settings_of(ctx)
     width_set = parse_widths(widths)
-    pairs = parse_option_pairs(option)
+    try:
+        given = parse_pairs(parse_option_pairs(option))
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     if min(max_body, max_tokens) < 1 or max_queue < 0:
         raise fail("--max-body and --max-tokens must be at least 1, --max-queue at least 0")
     token = None
@@ -65,15 +70,10 @@ def serve_command(
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host") from None
 
-    from agent.chat.options import parse_pairs
     from agent.chat.turns import TurnWriter
     from agent.serve.app import ServerInfo, create_app
     from agent.serve.scheduler import Scheduler
 
-    try:
-        given = parse_pairs(pairs)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
     lm, model_id, dev = load_model_as(settings, model, device)
     log = None
     if compile_ or dev.type == "neuron":
