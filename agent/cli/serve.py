@@ -94,7 +94,7 @@ def serve_command(
     info = ServerInfo(model_id=model_id, token=token,
                       model={"state_bytes": lm.config.state_bytes(), "fingerprint": writer.fingerprint,
                              "widths": list(width_set), "compiled": log is not None, "device": str(dev)},
-                      stats=(lambda: {"compile": log.summary()}) if log is not None else None)
+                      stats=(lambda: {"compile": {**log.summary(), "warmup_seconds": timings}}) if log is not None else None)
     from agent.serve.server import serve
 
     try:

@@ -16,6 +16,11 @@ Each turn of the loop:
    never changes a real row's tokens; the batch is rebuilt only when its rows change;
 5. flush streaming text every 0.25 s and renew leases, in one transaction for all rows.
 
+Store writes are grouped per loop turn (`_writes`): the turn's admissions in one
+transaction, its finished rows in another, each request in its own savepoint (all of its
+rows land, or none), so a batch pays one fsync instead of one per row. The events that
+report them (admitted, finished) go out only after that transaction has committed.
+
 A finished row commits its turn with the state after it (`ReplyWriter.commit`), releases
 its lease, and the client gets `Finished`. A client that goes away sets `cancel`: the row
 ends at the next step, its reply kept and marked cancelled.
@@ -28,7 +33,8 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -41,7 +47,7 @@ from agent.runtime.state import RecurrentState
 from agent.runtime.tokenizer import StreamDecoder
 from agent.serve.metrics import Metrics
 from agent.serve.protocol import ApiError, ChatRequest, Limits
-from agent.serve.rows import Admitted, Failed, Finished, Handle, Job, Row
+from agent.serve.rows import Admitted, Event, Failed, Finished, Handle, Job, Row
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 IDLE_WAIT_S = 0.5
@@ -91,6 +97,7 @@ class Scheduler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_persist = 0.0
+        self._held: list[tuple[Handle, Event]] | None = None  # events waiting for their transaction
         self.error: BaseException | None = None  # what killed the loop, if anything did
 
     # ---- the HTTP side --------------------------------------------------------------
@@ -149,30 +156,85 @@ class Scheduler:
             self._shutdown()
             raise
 
+    @contextmanager
+    def _writes(self) -> Iterator[None]:
+        """One transaction for the store writes inside; the events they produced are sent
+        once it commits (a client never hears of a turn that is not durable yet)."""
+        if self._held is not None:  # already inside one
+            yield
+            return
+        self._held = []
+        try:
+            with self.writer.store.core.transaction():
+                yield
+        except BaseException as exc:
+            held, self._held = self._held, None
+            for handle, _ in held:  # nothing of theirs was stored after all
+                handle.put(Failed(ApiError(500, f"the session store failed ({type(exc).__name__}: {exc})",
+                                           code="store_error")))
+            raise
+        held, self._held = self._held, None
+        for handle, event in held:
+            handle.put(event)
+
+    def _send(self, handle: Handle, event: Event) -> None:
+        if self._held is not None:
+            self._held.append((handle, event))
+        else:
+            handle.put(event)
+
     def _admit_arrivals(self, *, block: bool) -> None:
         try:
             job = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
-            self._heartbeat_idle()
+            self._persist()
             return
+        jobs = [job]
         while True:
-            self._admit(job)
             try:
-                job = self._inbox.get_nowait()
+                jobs.append(self._inbox.get_nowait())
             except queue.Empty:
-                return
+                break
+        with self._writes():
+            for job in jobs:
+                self._admit(job)
 
     def _refuse(self, job: Job, error: ApiError) -> None:
         with self._lock:
             self._pending -= 1
         self.metrics.refused(error.status)
-        job.handle.put(Failed(error))
+        self._send(job.handle, Failed(error))
 
     def _admit(self, job: Job) -> None:
         req, writer = job.request, self.writer
         if job.handle.cancel.is_set():  # gone before we got to it: nothing was stored
             self._refuse(job, ApiError(499, "the client went away"))
             return
+        try:
+            with self.writer.store.core.transaction():  # a savepoint: all of this request's rows, or none
+                created, session, lease, options, state, prompt_tokens, history, stored, reply = self._admit_writes(job)
+        except ChatError as exc:
+            self._refuse(job, api_error(exc))
+            return
+        except ApiError as exc:
+            self._refuse(job, exc)
+            return
+        sampling = options.with_values({**req.sampling, **({"max_new_tokens": req.max_tokens} if req.max_tokens else {})}).sampling
+        prompt = [*history, *stored.recall_ids, *stored.user_ids, *reply.prefix]
+        row = Row(job=job, session_id=session.id, session_uid=session.uid, lease=lease, reply=reply, prompt=prompt,
+                  state=state, opts=sampling, generator=make_generator(sampling.seed, "cpu"),
+                  decoder=StreamDecoder(writer.lm.tokenizer), prompt_tokens=prompt_tokens + len(prompt), read=state.n_tokens)
+        self._busy.add(session.id)
+        recall = None
+        if stored.block is not None:
+            recall = {"turn_id": stored.block.id, "tokens": stored.block.n_tokens, "text": stored.block.content}
+        self._send(job.handle, Admitted(session.uid, stored.user.id, reply.turn.id, recall, created))
+        self._waiting.append(row)
+
+    def _admit_writes(self, job: Job) -> tuple[Any, ...]:
+        """What admitting `job` stores, as ChatService would: the session (new, or taken with
+        its lease and state), the earlier messages, the user's message, the reply row."""
+        req, writer = job.request, self.writer
         lease = None
         try:
             for text, what in ((req.message, "message"), (req.system, "system prompt"),
@@ -205,25 +267,10 @@ class Scheduler:
                 prompt_tokens, history = 0, []
             stored = writer.store_message(session, req.message, options.refresh)
             reply = writer.begin_reply(session, lease)
-        except ChatError as exc:
+        except BaseException:
             self._release(lease)
-            self._refuse(job, api_error(exc))
-            return
-        except ApiError as exc:
-            self._release(lease)
-            self._refuse(job, exc)
-            return
-        sampling = options.with_values({**req.sampling, **({"max_new_tokens": req.max_tokens} if req.max_tokens else {})}).sampling
-        prompt = [*history, *stored.recall_ids, *stored.user_ids, *reply.prefix]
-        row = Row(job=job, session_id=session.id, session_uid=session.uid, lease=lease, reply=reply, prompt=prompt,
-                  state=state, opts=sampling, generator=make_generator(sampling.seed, "cpu"),
-                  decoder=StreamDecoder(writer.lm.tokenizer), prompt_tokens=prompt_tokens + len(prompt), read=state.n_tokens)
-        self._busy.add(session.id)
-        recall = None
-        if stored.block is not None:
-            recall = {"turn_id": stored.block.id, "tokens": stored.block.n_tokens, "text": stored.block.content}
-        job.handle.put(Admitted(session.uid, stored.user.id, reply.turn.id, recall, created))
-        self._waiting.append(row)
+            raise
+        return created, session, lease, options, state, prompt_tokens, history, stored, reply
 
     @staticmethod
     def _release(lease: Any) -> None:
@@ -234,9 +281,12 @@ class Scheduler:
                 pass
 
     def _activate(self) -> None:
-        for row in [r for r in self._waiting if r.cancelled]:  # gone while waiting: nothing was read
-            self._waiting.remove(row)
-            self._finish(row, "cancelled", None)
+        gone = [r for r in self._waiting if r.cancelled]  # gone while waiting: nothing was read
+        if gone:
+            with self._writes():
+                for row in gone:
+                    self._waiting.remove(row)
+                    self._finish(row, "cancelled", None)
         while self._waiting and len(self._prefilling) + len(self._decoding) < self.max_rows:
             row = self._waiting.popleft()
             row.activated = time.monotonic()
@@ -252,14 +302,16 @@ class Scheduler:
             if budget <= 0:
                 break
             if row.cancelled:
-                self._finish(row, "cancelled", None)
+                with self._writes():
+                    self._finish(row, "cancelled", None)
                 continue
             take = min(budget, len(row.prompt) - row.done)
             t0 = time.perf_counter()
             try:
                 logits, row.state = self.runner.prefill(row.prompt[row.done:row.done + take], row.state)
             except Exception as exc:  # the message is stored; the reply is kept as error, unread
-                self._finish(row, "error", None, error=f"{type(exc).__name__}: {exc}", fold=False)
+                with self._writes():
+                    self._finish(row, "error", None, error=f"{type(exc).__name__}: {exc}", fold=False)
                 continue
             self.metrics.prefill(take, time.perf_counter() - t0)
             row.done += take
@@ -272,19 +324,24 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         going: list[Row] = []
+        ending: list[tuple[Row, str, str | None, str | None]] = []
         for row in self._decoding:
             if row.cancelled:
-                self._finish(row, "cancelled", None)
+                ending.append((row, "cancelled", None, None))
                 continue
             try:
                 ended = self._sample(row)
             except Exception as exc:
-                self._finish(row, "error", None, error=f"{type(exc).__name__}: {exc}")
+                ending.append((row, "error", None, f"{type(exc).__name__}: {exc}"))
                 continue
             if ended is None:
                 going.append(row)
             else:
-                self._finish(row, "complete", ended)
+                ending.append((row, "complete", ended, None))
+        if ending:  # before the batch is rebuilt: a finishing row's state is read out of it
+            with self._writes():
+                for row, status, reason, error in ending:
+                    self._finish(row, status, reason, error=error)
         self._decoding = going
         if not going:
             self._batch, self._batch_rows = None, []
@@ -300,8 +357,9 @@ class Scheduler:
             logits, self._batch = self.runner.step(tokens, self._batch)
         except Exception as exc:  # every row in the step ends as error; the server goes on
             error = f"{type(exc).__name__}: {exc}"
-            for row in going:
-                self._finish(row, "error", None, error=error)
+            with self._writes():
+                for row in going:
+                    self._finish(row, "error", None, error=error)
             self._decoding, self._batch, self._batch_rows = [], None, []
             return
         self.metrics.step(n, width, time.perf_counter() - t0)
@@ -387,8 +445,8 @@ class Scheduler:
         reason = {"stop": "stop", "stop_string": "stop", "length": "length"}.get(stop_reason or "")
         timings = row.timings(now)
         self.metrics.finished(final_status, len(row.tokens), timings)
-        row.job.handle.put(Finished(final_status, reason if final_status == "complete" else None, row.shown,
-                                    row.prompt_tokens, len(row.tokens), folded_tokens, final_error, timings))
+        self._send(row.job.handle, Finished(final_status, reason if final_status == "complete" else None, row.shown,
+                                            row.prompt_tokens, len(row.tokens), folded_tokens, final_error, timings))
 
     def _persist(self) -> None:
         """Flush due streaming text and renew due leases, one transaction for all rows."""
@@ -403,7 +461,7 @@ class Scheduler:
         if not due:
             return
         failed = []
-        with self.writer.store.core.transaction():
+        with self._writes():
             for row in due:
                 try:
                     if id(row) in streaming:
@@ -412,9 +470,11 @@ class Scheduler:
                         row.reply.heartbeat(now)
                 except Exception as exc:  # the lease was taken over: this row cannot be written
                     failed.append((row, f"{type(exc).__name__}: {exc}"))
-        for row, error in failed:
-            self._drop(row)
-            self._finish(row, "error", None, error=error)
+        if failed:
+            with self._writes():
+                for row, error in failed:
+                    self._drop(row)
+                    self._finish(row, "error", None, error=error)
 
     def _drop(self, row: Row) -> None:
         for group in (self._decoding, self._prefilling):
@@ -423,11 +483,15 @@ class Scheduler:
         if row in self._waiting:
             self._waiting.remove(row)
 
-    def _heartbeat_idle(self) -> None:
-        self._persist()
-
     def _shutdown(self) -> None:
         """Stop everything in flight: replies kept and marked cancelled, leases released."""
+        try:
+            with self._writes():
+                self._cancel_all()
+        except Exception:  # the store is gone: the next server's lease takeover marks them cancelled
+            pass
+
+    def _cancel_all(self) -> None:
         for row in [*self._decoding]:
             row.job.handle.cancel.set()
             self._finish(row, "cancelled", None)
