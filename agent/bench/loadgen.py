@@ -136,6 +136,29 @@ async def poisson_phase(http: httpx.AsyncClient, *, rate: float, duration: float
     return outcomes, wall, [t.result() if t in done and not t.cancelled() else None for t in side]
 
 
+async def closed_loop(http: httpx.AsyncClient, *, clients: int, duration: float, rng: random.Random, model: str,
+                      sessions: list[str], start_index: int, deadline_s: float) -> tuple[list[Outcome], float]:
+    """`clients` users each sending their next request as soon as the last one ends, for
+    `duration` s: the most the server can do at that concurrency (the baseline is clients=1)."""
+    t0 = time.monotonic()
+    outcomes: list[Outcome] = []
+    counter = iter(range(start_index, start_index + 100_000))
+
+    async def user() -> None:
+        while time.monotonic() - t0 < duration:
+            kind, body = make_request(rng, next(counter), sessions, model)
+            out = await stream_one(http, body, kind)
+            if out.status == 200 and out.session:
+                sessions.append(out.session)
+            outcomes.append(out)
+
+    tasks = [asyncio.ensure_future(user()) for _ in range(clients)]
+    _, pending = await asyncio.wait(tasks, timeout=duration + deadline_s)
+    for task in pending:
+        task.cancel()
+    return outcomes, max((o.done_at for o in outcomes), default=t0) - t0
+
+
 async def sequential(http: httpx.AsyncClient, *, count: int, rng: random.Random, model: str, sessions: list[str],
                      start_index: int, deadline_s: float) -> tuple[list[Outcome], float]:
     """The baseline: the same kind of requests, one at a time."""

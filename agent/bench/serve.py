@@ -4,7 +4,9 @@ It starts `laplace serve` (a real process, a fresh data directory, compiled over
 widths) and drives it over HTTP: a warm-up, the baseline (the same mix of requests one at a
 time), then Poisson arrivals at several rates (mixed prompt lengths and reply lengths, a
 share continuing stored sessions), with recall probes planted and asked through the server
-during the busiest phase and again on the idle server. Then, with the server stopped, the
+during the busiest phase and again on the idle server, and last as many users as the widest
+batch sending back to back (the most the server does; against the baseline, the gain from
+batching at equal pressure). Then, with the server stopped, the
 turns it served are replayed through an eager and a compiled runner in this process to
 measure the largest logit difference. One report: throughput, time to first token and
 inter-token latency p50/p95/p99, queue wait, the batch-width histogram and padding waste,
@@ -46,6 +48,7 @@ class PilotConfig:
     phase_deadline_s: float = 120.0
     max_requests_per_phase: int = 400
     replay_sessions: int = 8
+    dtype: str = "float32"  # LAPLACE_DTYPE for the server, and the replay's dtype
 
     @classmethod
     def quick(cls, **kw: Any) -> "PilotConfig":
@@ -72,7 +75,7 @@ class ServerProcess:
                 "--max-queue", "1000", "--max-tokens", "4096"]
         if cfg.compile_backend != "none":
             args += ["--compile", "--compile-backend", cfg.compile_backend]
-        env = {**os.environ, "LAPLACE_HOME": str(home), "PYTHONPATH": os.pathsep.join(
+        env = {**os.environ, "LAPLACE_HOME": str(home), "LAPLACE_DTYPE": cfg.dtype, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "PYTHONUNBUFFERED": "1"}
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()", *args], env=env,
@@ -165,6 +168,13 @@ async def _drive(url: str, cfg: PilotConfig, model: str) -> dict[str, Any]:
             raw[f"rate_{rate:g}"] = loadgen.outcome_dicts(outcomes)
             if busiest:
                 loaded = side
+        clients = max(cfg.widths)
+        before = await stats()
+        outcomes, wall = await loadgen.closed_loop(http, clients=clients, duration=cfg.duration_s, rng=rng, model=model,
+                                                   sessions=sessions, start_index=100_000, deadline_s=cfg.phase_deadline_s)
+        rows.append(_phase(loadgen.summarize(f"{clients} users back to back", outcomes, wall, None),
+                           _diff_stats(before, await stats()), details))
+        raw["closed_loop"] = loadgen.outcome_dicts(outcomes)
         idle = [await loadgen.ask_probe(http, p, model) for p in probes]
         final = await stats()
     return {"rows": rows, "raw": raw, "details": details, "recall_loaded": loaded, "recall_idle": idle, "server": final}
@@ -181,7 +191,7 @@ def _recall(loaded: list[Any], idle: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compiled_vs_eager(model: str, db: Path, *, backend: str, width: int, sessions: int,
-                      models_dir: Path | None = None) -> dict[str, Any]:
+                      models_dir: Path | None = None, dtype: str = "float32") -> dict[str, Any]:
     """Replay served turns (their exact stored ids) through an eager and a compiled runner:
     each prompt prefilled at batch 1, the replies teacher-forced together in one padded
     batch; the largest |logit difference| and how often the two argmaxes agree."""
@@ -195,7 +205,13 @@ def compiled_vs_eager(model: str, db: Path, *, backend: str, width: int, session
 
     if backend == "none":
         return {"backend": "none", "skipped": "the server ran eager (--compile-backend none)"}
-    lm = load_model(model, models_dir=models_dir)
+    from agent.runtime.device import parse_dtype
+    from agent.runtime.quant import QUANT_MODES, quantize_loaded
+
+    quant = dtype if dtype in QUANT_MODES else None
+    lm = load_model(model, models_dir=models_dir, dtype=parse_dtype("float32" if quant else dtype))
+    if quant:
+        quantize_loaded(lm, quant)
     tok, template = lm.tokenizer, lm.template
     prefix, suffix = template.reply_prefix(tok), template.reply_suffix(tok)
     streams: list[tuple[list[int], list[int]]] = []
@@ -261,7 +277,8 @@ def run_pilot(cfg: PilotConfig, out_dir: Path, *, models_dir: Path | None = None
         finally:
             server.stop()
         numerics = compiled_vs_eager(model, home / "laplace.db", backend=cfg.compile_backend, width=max(cfg.widths),
-                                     sessions=min(cfg.replay_sessions, max(cfg.widths)), models_dir=models_dir)
+                                     sessions=min(cfg.replay_sessions, max(cfg.widths)), models_dir=models_dir,
+                                     dtype=cfg.dtype)
         elapsed = time.monotonic() - t0
     rows = driven["rows"]
     base = rows[0]["tokens_per_s"] or None

@@ -26,7 +26,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# laplace serve: serving pilot",
         "",
-        f"Model `{cfg['model']}`, widths {cfg['widths']}, compile backend `{cfg['compile_backend']}`, "
+        f"Model `{cfg['model']}` ({cfg.get('dtype', 'float32')}), widths {cfg['widths']}, compile backend `{cfg['compile_backend']}`, "
         f"rates {list(cfg['rates'])} req/s for {cfg['duration_s']:g} s each, seed {cfg['seed']}. "
         f"Every request streams; latencies are what the client saw, in ms.",
         "",
@@ -52,6 +52,9 @@ def markdown(result: dict[str, Any]) -> str:
         "(unpadded, each size would be its own compile) |",
         f"| decode steps by width | {srv.get('width_histogram')} |",
         f"| padding waste, whole run | {srv.get('padding_waste', 0):.1%} of row-steps |",
+        f"| server time, whole run | prefill {srv.get('prefill_seconds', 0):.1f} s ({srv.get('prefill_tokens', 0):,} tokens), "
+        f"decode {srv.get('decode_seconds', 0):.1f} s ({srv.get('decode_steps', 0):,} steps, "
+        f"{srv.get('completion_tokens', 0):,} tokens), of {srv.get('uptime_s', 0):.0f} s up |",
         f"| compiled vs eager, max abs logit diff | {_numerics(num)} |",
         f"| recall probes, under load / idle | {_acc(rec['accuracy_under_load'])} / {_acc(rec['accuracy_idle'])} "
         f"({rec['probes']} probes; identical greedy answers {rec['identical_answers']}) |",

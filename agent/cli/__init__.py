@@ -124,7 +124,7 @@ def _serve_pilot(settings: Settings, *, model: Optional[str], report_dir: str, r
 
     from agent.bench.serve import PilotConfig, run_pilot
 
-    changes: dict[str, object] = {}
+    changes: dict[str, object] = {"dtype": settings.dtype}  # LAPLACE_DTYPE: the server's and the replay's
     if model is not None:
         changes["model"] = model
     if rates is not None:

@@ -19,7 +19,7 @@ def test_the_pilot_writes_its_report_and_compiles_nothing_after_warm_up(tmp_path
     assert all((tmp_path / "report" / n).read_bytes().startswith(b"\x89PNG") for n in names if n.endswith(".png"))
     s = result["summary"]
     assert s["compiles_after_warmup"] == 0 and s["compiles_at_warmup"] >= 3  # every width, then the prefill buckets
-    assert [r["phase"] for r in result["rows"]] == ["one at a time", "poisson 6/s"]
+    assert [r["phase"] for r in result["rows"]] == ["one at a time", "poisson 6/s", "4 users back to back"]
     assert all(r["errors"] == 0 and r["ok"] == r["requests"] > 0 for r in result["rows"])
     assert set(result["server"]["width_histogram"]) <= {"1", "2", "4"}
     assert result["numerics"]["max_abs_logit_diff"] < 1e-3 and result["recall"]["probes"] == 1
