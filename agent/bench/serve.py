@@ -60,10 +60,12 @@ class PilotConfig:
 def _resolve(spec: str, models_dir: Path | None) -> str:
     """A name the server process (with its own empty data directory) can load: a path for a
     model directory, the name for a preset."""
-    from agent.runtime.checkpoint import resolve_model_path
+    from agent.runtime.checkpoint import PACKAGED_MODELS, resolve_model_path
 
     path = resolve_model_path(spec, models_dir)
-    return str(path.resolve()) if path is not None else spec
+    if path is None or path.parent.resolve() == PACKAGED_MODELS.resolve():
+        return spec  # a preset, or a model the package ships: the server finds it by name
+    return str(path.resolve())
 
 
 class ServerProcess:

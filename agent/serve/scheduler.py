@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -220,6 +221,8 @@ class Scheduler:
             self._refuse(job, exc)
             return
         sampling = options.with_values({**req.sampling, **({"max_new_tokens": req.max_tokens} if req.max_tokens else {})}).sampling
+        if sampling.max_new_tokens > self.limits.max_tokens:  # a session's own option may ask for more
+            sampling = replace(sampling, max_new_tokens=self.limits.max_tokens)
         prompt = [*history, *stored.recall_ids, *stored.user_ids, *reply.prefix]
         row = Row(job=job, session_id=session.id, session_uid=session.uid, lease=lease, reply=reply, prompt=prompt,
                   state=state, opts=sampling, generator=make_generator(sampling.seed, "cpu"),

@@ -161,3 +161,11 @@ def test_token_file_is_private_and_reused(tmp_path):
                                         ("0.0.0.0", False), ("192.168.1.5", False), ("::", False), ("example.com", False)])
 def test_only_loopback_goes_without_a_token(host, loop):
     assert is_loopback(host) is loop
+
+
+def test_the_server_s_max_tokens_caps_a_session_s_own_option(db, endless):
+    with running(db, endless, limits=Limits(max_tokens=5)) as server:
+        r = post(server, {"model": "tiny", "temperature": 0, "laplace": {"options": {"max_new_tokens": 9999}},
+                          "messages": [{"role": "user", "content": "go"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        assert r.json()["choices"][0]["finish_reason"] == "length"
