@@ -2,10 +2,11 @@
 
 Each turn of the loop:
 
-1. admit what arrived (on this thread, so the store and the model have one user): look the
-   session up or create it, take its lease, load its state, store the user's message (and
-   a recall block) and begin the streaming reply row, exactly as `ChatService` does, through
-   the same `agent.chat.turns.TurnWriter`; a refusal goes back as an HTTP error;
+1. admit what arrived (`admission.py`, on this thread, so the store and the model have one
+   user): look the session up or create it, take its lease, load its state, store the
+   user's message (and a recall block) and begin the streaming reply row, exactly as
+   `ChatService` does, through the same `agent.chat.turns.TurnWriter`; a refusal goes back
+   as an HTTP error;
 2. move waiting rows into the batch while it has room (the largest width);
 3. fold at most one segment's worth of prompt ids (`runner.prefill`, batch 1, so a compiled
    runner sees only its segment buckets): a long prompt is read a segment per turn,
@@ -34,35 +35,23 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from agent.chat.options import SessionOptions
-from agent.chat.turns import FLUSH_EVERY_S, HEARTBEAT_EVERY_S, TurnWriter, check_text
-from agent.chat.types import ChatError, SessionBusyError, SessionNotFoundError, StateUnusableError
+from agent.chat.turns import FLUSH_EVERY_S, HEARTBEAT_EVERY_S, TurnWriter
+from agent.chat.types import ChatError
 from agent.runtime.generation import draw
-from agent.runtime.sampling import make_generator, sample
+from agent.runtime.sampling import sample
 from agent.runtime.state import RecurrentState
-from agent.runtime.tokenizer import StreamDecoder
+from agent.serve.admission import admit, api_error, release
 from agent.serve.metrics import Metrics
 from agent.serve.protocol import ApiError, ChatRequest, Limits
-from agent.serve.rows import Admitted, Event, Failed, Finished, Handle, Job, Row
+from agent.serve.rows import Event, Failed, Finished, Handle, Job, Row
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 IDLE_WAIT_S = 0.5
-
-
-def api_error(exc: ChatError) -> ApiError:
-    """A chat refusal as the HTTP answer it deserves."""
-    if isinstance(exc, SessionNotFoundError):
-        return ApiError(404, str(exc), code="session_not_found", param="session")
-    if isinstance(exc, SessionBusyError):
-        return ApiError(409, str(exc), code="session_in_use", param="session")
-    if isinstance(exc, StateUnusableError):
-        return ApiError(409, str(exc), code="state_unusable", param="session")
-    return ApiError(400, str(exc))
 
 
 class Scheduler:
@@ -207,81 +196,21 @@ class Scheduler:
         self._send(job.handle, Failed(error))
 
     def _admit(self, job: Job) -> None:
-        req, writer = job.request, self.writer
         if job.handle.cancel.is_set():  # gone before we got to it: nothing was stored
             self._refuse(job, ApiError(499, "the client went away"))
             return
         try:
             with self.writer.store.core.transaction():  # a savepoint: all of this request's rows, or none
-                created, session, lease, options, state, prompt_tokens, history, stored, reply = self._admit_writes(job)
+                row, admitted = admit(self.writer, job, given=self.given, busy=self._busy, limits=self.limits)
         except ChatError as exc:
             self._refuse(job, api_error(exc))
             return
         except ApiError as exc:
             self._refuse(job, exc)
             return
-        sampling = options.with_values({**req.sampling, **({"max_new_tokens": req.max_tokens} if req.max_tokens else {})}).sampling
-        if sampling.max_new_tokens > self.limits.max_tokens:  # a session's own option may ask for more
-            sampling = replace(sampling, max_new_tokens=self.limits.max_tokens)
-        prompt = [*history, *stored.recall_ids, *stored.user_ids, *reply.prefix]
-        row = Row(job=job, session_id=session.id, session_uid=session.uid, lease=lease, reply=reply, prompt=prompt,
-                  state=state, opts=sampling, generator=make_generator(sampling.seed, "cpu"),
-                  decoder=StreamDecoder(writer.lm.tokenizer), prompt_tokens=prompt_tokens + len(prompt), read=state.n_tokens)
-        self._busy.add(session.id)
-        recall = None
-        if stored.block is not None:
-            recall = {"turn_id": stored.block.id, "tokens": stored.block.n_tokens, "text": stored.block.content}
-        self._send(job.handle, Admitted(session.uid, stored.user.id, reply.turn.id, recall, created))
+        self._busy.add(row.session_id)
+        self._send(job.handle, admitted)
         self._waiting.append(row)
-
-    def _admit_writes(self, job: Job) -> tuple[Any, ...]:
-        """What admitting `job` stores, as ChatService would: the session (new, or taken with
-        its lease and state), the earlier messages, the user's message, the reply row."""
-        req, writer = job.request, self.writer
-        lease = None
-        try:
-            for text, what in ((req.message, "message"), (req.system, "system prompt"),
-                               *((t, "message") for _, t in req.history)):
-                check_text(text, what)
-            try:
-                SessionOptions().with_values({**self.given, **req.options, **req.sampling,
-                                              **({"max_new_tokens": req.max_tokens} if req.max_tokens else {})})
-            except ValueError as exc:
-                raise ApiError(400, str(exc), code="invalid_option") from None
-            created = req.session is None
-            if created:
-                options = SessionOptions().with_values({**self.given, **req.options})
-                session, state = writer.create(system=req.system, name=req.name, options=options)
-                prompt_tokens = state.n_tokens
-                lease = writer.lease(session)
-                history = writer.store_history(session, req.history)
-            else:
-                session = writer.find(req.session)
-                if session.id in self._busy:
-                    raise ApiError(409, f"session {session.uid[:8]} is already answering a request; wait for its reply "
-                                        "to finish, or leave out session to start a new one", code="session_in_use",
-                                   param="session")
-                if session.model_id != writer.model_id:
-                    raise ApiError(409, f"session {session.uid[:8]} was made with model {session.model_id!r}; this server "
-                                        f"runs {writer.model_id!r} (laplace serve -m {session.model_id})",
-                                   code="model_mismatch", param="session")
-                opened = writer.open(session.id, self.given)
-                session, lease, options, state = opened.session, opened.lease, opened.options, opened.state
-                prompt_tokens, history = 0, []
-            stored = writer.store_message(session, req.message, options.refresh)
-            reply = writer.begin_reply(session, lease)
-        except BaseException:
-            self._release(lease)
-            raise
-        return created, session, lease, options, state, prompt_tokens, history, stored, reply
-
-    @staticmethod
-    def _release(lease: Any) -> None:
-        if lease is not None:
-            try:
-                lease.release()
-            except Exception:  # the lease row may already be gone; the next acquire takes it
-                pass
 
     def _activate(self) -> None:
         gone = [r for r in self._waiting if r.cancelled]  # gone while waiting: nothing was read
@@ -435,7 +364,7 @@ class Scheduler:
             folded_tokens = done.state.n_tokens if done.state is not None else done.turn.tokens_total
         except Exception as exc:  # the commit itself failed (lease lost, disk full): say so
             final_status, final_error, folded_tokens = "error", f"{type(exc).__name__}: {exc}", row.read
-        self._release(row.lease)
+        release(row.lease)
         self._busy.discard(row.session_id)
         if row in self._prefilling:
             self._prefilling.remove(row)
