@@ -11,13 +11,15 @@ import pytest
 
 from scripts.package_graph import external_imports, module_graph, package_of
 
-OURS = {"bench", "chat", "cli", "display", "importers", "probes", "recall", "runtime", "sessions", "settings", "train", "tui"}
+OURS = {"bench", "chat", "cli", "display", "importers", "probes", "recall", "runtime", "serve", "sessions", "settings", "train",
+        "tui"}
 # package -> the packages of ours it may import (docs/architecture.md explains each).
 ALLOWED = {
     "cli": OURS,
     "bench": OURS - {"cli"},
     "tui": {"chat", "display"},
     "chat": {"runtime", "sessions", "recall"},
+    "serve": {"chat", "runtime"},
     "probes": {"runtime", "recall"},
     "recall": {"runtime"},
     "train": {"runtime"},
@@ -97,6 +99,12 @@ def test_train_and_probes_import_the_runtime_only(module):
     mods = imported_after(module)
     assert not {m for m in mods if m.split(".")[0] in {"textual", "sqlite_utils", "sessions"}}
     assert "agent.chat.service" not in mods and "agent.tui" not in mods
+
+
+def test_serve_reaches_the_store_only_through_chat_and_never_the_tui():
+    mods = imported_after("agent.serve.app, agent.serve.scheduler")
+    assert not {m for m in mods if m.split(".")[0] in {"textual"} or m.startswith("agent.tui")}
+    assert "torch" not in imported_after("agent.serve.protocol")  # request parsing stays light
 
 
 def test_tui_never_imports_torch_or_the_store():

@@ -15,19 +15,14 @@ Thread use: the TUI calls streaming methods from a worker thread; one lock seria
 
 from __future__ import annotations
 
-import hashlib
 import threading
-import time
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
-
-import torch
+from typing import Iterator, Mapping
 
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
 from agent.chat.options import SessionOptions
-from agent.chat.recall import RecallRefresh
-from agent.chat.recovery import check_token_chain, fold_interrupted, rebuild
+from agent.chat.recovery import fold_interrupted, rebuild
 from agent.chat.replay import Progress, fold, load_state
 from agent.chat.types import (
     ChatError,
@@ -42,15 +37,13 @@ from agent.chat.types import (
     TurnStarted,
     TurnView,
 )
+from agent.chat.turns import ReplyWriter, TurnWriter, check_text
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
 from agent.runtime.sampling import make_generator
 from agent.runtime.state import RecurrentState
 from agent.runtime.tokenizer import StreamDecoder
-from sessions import Session, SessionError, SessionStore, StateMeta, Turn
-
-FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
-HEARTBEAT_EVERY_S = 5.0
+from sessions import Session, SessionError, SessionStore, StateMeta
 
 
 class ChatService(SessionBrowsing):
@@ -59,7 +52,10 @@ class ChatService(SessionBrowsing):
     `options` are the values given at the edge (`-o KEY VALUE`, parsed by
     `agent.chat.options.parse_pairs`): a new session starts from them, and a resumed one
     keeps its stored options with these on top. The service is the one owner of the live
-    `SessionOptions` and stores them, typed, whenever they change."""
+    `SessionOptions` and stores them, typed, whenever they change.
+
+    How a turn is written (message, recall block, streaming reply, commit with its state)
+    is `agent.chat.turns.TurnWriter`, shared with the server, so both leave the same rows."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
                  device: str = "cpu", options: Mapping[str, object] | None = None,
@@ -74,25 +70,19 @@ class ChatService(SessionBrowsing):
             self.options = SessionOptions().with_values(self.given)
         except ValueError as exc:
             raise ChatError(str(exc)) from None
-        self.refresher = RecallRefresh(lm, store)
+        self.writer = TurnWriter(store, lm, self.runner, model_id=model_id, initial_state=initial_state)
+        self.refresher = self.writer.refresher
         self.check = check
         self._session: Session | None = None
         self._state: RecurrentState | None = None
         self._lease = None
         self._lock = threading.RLock()
         self._last_tps: float | None = None
-        # A learned initial state (`laplace finetune --tune state`) is part of what a stored
-        # state depends on, so it is folded into the fingerprint every snapshot records.
         self.initial_state = initial_state
-        self.fingerprint = lm.fingerprint
-        if initial_state is not None:
-            digest = hashlib.sha256(initial_state.to_bytes(fingerprint=lm.fingerprint)).hexdigest()
-            self.fingerprint = hashlib.sha256(f"{lm.fingerprint}+initial:{digest}".encode()).hexdigest()
+        self.fingerprint = self.writer.fingerprint  # covers a learned initial state too
 
     def _fresh_state(self) -> RecurrentState:
-        if self.initial_state is not None:
-            return self.initial_state.clone().to(self.runner.device)
-        return self.lm.model.new_state(1)
+        return self.writer.fresh_state()
 
     # ---- session lifecycle --------------------------------------------------------------
 
@@ -108,10 +98,7 @@ class ChatService(SessionBrowsing):
     def _take(self, session: Session) -> None:
         """Become the writer of `session` (releasing the previous one)."""
         self._release()
-        try:
-            self._lease = self.store.leases.acquire(session)
-        except SessionError as exc:
-            raise ChatError(str(exc)) from None
+        self._lease = self.writer.lease(session)
         self._session = session
         self._state = None
 
@@ -128,21 +115,15 @@ class ChatService(SessionBrowsing):
             self._release()
 
     def _meta(self, state: RecurrentState) -> StateMeta:
-        return StateMeta(model_fingerprint=self.fingerprint, n_tokens=state.n_tokens, dtype="float32")
+        return self.writer._meta(state)
 
     def _blob(self, state: RecurrentState) -> bytes:
-        return state.to_bytes(fingerprint=self.fingerprint, architecture=self.lm.config.architecture())
+        return self.writer._blob(state)
 
     def new_session(self, *, system: str | None = None, name: str | None = None) -> SessionView:
         with self._lock:
-            system = system if system is not None else ""
-            _check_text(system, "system prompt")
-            ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
-            _, state = self.runner.prefill(ids, self._fresh_state())
             options = SessionOptions().with_values(self.given)  # not the last session's /set values
-            session = self.store.turns.create_session(
-                model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
-                options=options.stored(), state=self._blob(state), state_meta=self._meta(state))
+            session, state = self.writer.create(system=system if system is not None else "", name=name, options=options)
             self._take(session)
             self._state = state
             self.options = options
@@ -162,9 +143,7 @@ class ChatService(SessionBrowsing):
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
             self._adopt_options(session)
-            fold_interrupted(self, session, progress=progress)
-            check_token_chain(self.store, session)
-            self._state = load_state(self, session, progress=progress)
+            self._state = self.writer.recover(session, progress=progress)  # fold an interrupted reply, check, load
             return self._view(self.store.core.get_session(session.id))
 
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
@@ -185,20 +164,18 @@ class ChatService(SessionBrowsing):
         """Store the user's message, fold it in, stream the reply, commit reply + state."""
         with self._lock:
             session = self._require()
-            _check_text(text, "message")
+            check_text(text, "message")
             state = self._state_now()
-            ids = self.lm.template.message(self.lm.tokenizer, "user", text)
-            recall = self._guard(lambda: self.refresher.plan(session, text, self.options.refresh))
-            block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
+            stored = self.writer.store_message(session, text, self.options.refresh)
             self._state = None  # stored but not yet read: stopped mid-fold, the next use loads (and folds) it
-            if recall is not None:
-                _, state = self.runner.prefill(recall.token_ids, state)
-            for done, state in fold(self.runner, ids, state):
-                if len(ids) > self.runner.segment_len:  # a long message: say how far the fold is
-                    yield ProgressEvent("folding your message", done, len(ids))
+            if stored.recall_ids:
+                _, state = self.runner.prefill(stored.recall_ids, state)
+            for done, state in fold(self.runner, stored.user_ids, state):
+                if len(stored.user_ids) > self.runner.segment_len:  # a long message: say how far the fold is
+                    yield ProgressEvent("folding your message", done, len(stored.user_ids))
             self._state = state  # the user turn is stored; the live state has read it
-            yield from self._reply(session, state, cancel, user_turn=self._turn_view(user),
-                                   recall_turn=self._turn_view(block) if block is not None else None)
+            yield from self._reply(session, state, cancel, user_turn=self._turn_view(stored.user),
+                                   recall_turn=self._turn_view(stored.block) if stored.block is not None else None)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """A new sibling reply to the last user message; the old reply stays in history."""
@@ -233,16 +210,12 @@ class ChatService(SessionBrowsing):
                user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None,
                recall_turn: TurnView | None = None) -> Iterator[ChatEvent]:
         tok, template = self.lm.tokenizer, self.lm.template
-        if regenerate_of is not None:
-            turn = self._guard(lambda: self.store.turns.regenerate(regenerate_of))
-        else:
-            turn = self._guard(lambda: self.store.turns.begin_turn(session.id, role="assistant"))
-        yield TurnStarted(user_turn, turn.id, recall_turn)
-        prefix = template.reply_prefix(tok)
+        reply = self.writer.begin_reply(session, self._lease, regenerate_of=regenerate_of)
+        yield TurnStarted(user_turn, reply.turn.id, recall_turn)
+        prefix = reply.prefix
         opts = self.options.sampling
         gen = None
         decoder, text, status, error = StreamDecoder(tok), "", "complete", None
-        t0 = last_flush = last_beat = time.monotonic()
         try:
             logits, state = self.runner.prefill(prefix, state)
             gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok),
@@ -253,13 +226,7 @@ class ChatService(SessionBrowsing):
                 if piece:
                     text += piece
                     yield TokenEvent(piece)
-                now = time.monotonic()
-                if now - last_flush > FLUSH_EVERY_S:
-                    self.store.turns.update_streaming(turn.id, tok.decode(gen.tokens))
-                    last_flush = now
-                if now - last_beat > HEARTBEAT_EVERY_S and self._lease is not None:
-                    self._lease.heartbeat()
-                    last_beat = now
+                reply.progress(gen.tokens)
             rest = decoder.flush()
             if rest:
                 yield TokenEvent(rest)
@@ -267,11 +234,11 @@ class ChatService(SessionBrowsing):
                 status = "cancelled"
         except (KeyboardInterrupt, GeneratorExit):
             status = "cancelled"
-            self._finish(turn, gen, prefix, state, status, None, t0)
+            self._finish(reply, gen, state, status, None)
             raise
         except Exception as exc:  # the reply so far is kept, marked error
             status, error = "error", f"{type(exc).__name__}: {exc}"
-        final = self._finish(turn, gen, prefix, state, status, error, t0)
+        final = self._finish(reply, gen, state, status, error)
         if error is not None:
             yield TurnFinished(final)
             return
@@ -279,31 +246,16 @@ class ChatService(SessionBrowsing):
                          tokens_folded=self._state.n_tokens, state_bytes=self._state.nbytes)
         yield TurnFinished(final)
 
-    def _finish(self, turn: Turn, gen: Generation | None, prefix: Sequence[int], state: RecurrentState,
-                status: str, error: str | None, t0: float) -> TurnView:
+    def _finish(self, reply: ReplyWriter, gen: Generation | None, state: RecurrentState,
+                status: str, error: str | None) -> TurnView:
         """Close the reply with the template suffix, fold it, and commit turn + state together."""
-        tok = self.lm.tokenizer
-        tokens = list(gen.tokens) if gen else []
-        elapsed = max(time.monotonic() - t0, 1e-9)
-        self._last_tps = len(tokens) / elapsed if tokens else None
-        content = tok.decode(tokens)
-        ids = [*prefix, *tokens, *self.lm.template.reply_suffix(tok)]
-        stats = {"new_tokens": len(tokens), "seconds": round(elapsed, 4), "tokens_per_s": self._last_tps,
-                 "stop_reason": gen.stop_reason if gen else None}
-        blob = meta = None
-        try:
-            with torch.inference_mode():
-                after = gen.finish() if gen else self.runner.prefill(prefix, state)[1]
-                _, after = self.runner.prefill(self.lm.template.reply_suffix(tok), after)
-            blob, meta = self._blob(after), self._meta(after)
-        except Exception as exc:  # no trustworthy state: commit the text, replay later
-            after, error = None, error or f"{type(exc).__name__}: {exc}"
-            status = "error"
-        final = self.store.turns.commit_turn(turn.id, content=content, status=status, token_ids=ids, stats=stats,
-                                       error=error, state=blob, state_meta=meta)
-        self._state = after if after is not None else None
-        self._session = self.store.core.get_session(turn.session_id)
-        return self._turn_view(final)
+        done = reply.commit(list(gen.tokens) if gen else [], status=status, error=error,
+                            stop_reason=gen.stop_reason if gen else None,
+                            fold=gen.finish if gen else lambda: self.runner.prefill(reply.prefix, state)[1])
+        self._last_tps = done.tokens_per_s
+        self._state = done.state
+        self._session = self.store.core.get_session(reply.turn.session_id)
+        return self._turn_view(done.turn)
 
     def attach(self, path: Path, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Fold a UTF-8 text file of any length into the state in fixed segments."""
@@ -378,18 +330,9 @@ class ChatService(SessionBrowsing):
     def _adopt_options(self, session: Session) -> None:
         """A resumed session's stored options with the edge's on top; stored again when that
         changes them (or when an older database held them as text)."""
-        try:
-            self.options = SessionOptions().with_values(session.options).with_values(self.given)
-        except ValueError as exc:
-            raise ChatError(f"session {session.uid[:8]} has a stored option that cannot be used: {exc}") from None
-        if self.options.stored() != session.options:
-            self._session = self._guard(lambda: self.store.turns.set_options(session.id, self.options.stored()))
+        self.options, self._session = self.writer.adopt_options(session, self.given)
 
     _guard = staticmethod(guarded)
 
 
-def _check_text(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ChatError(f"the {what} is not valid UTF-8 text; re-encode it as UTF-8") from None
+_check_text = check_text  # the one refusal of text that cannot be stored, shared with the server

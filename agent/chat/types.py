@@ -129,6 +129,14 @@ class ChatError(RuntimeError):
     """A user-facing problem: the message is one line naming the cause and the way out."""
 
 
+class SessionNotFoundError(ChatError):
+    """No session matches the id given (the server answers 404)."""
+
+
+class SessionBusyError(ChatError):
+    """Another writer holds the session (the server answers 409)."""
+
+
 class StateUnusableError(ChatError):
     """The stored state cannot be used (other model, corrupt, disagrees with the transcript).
     The client may offer `ChatService.rebuild_state()` (replays the transcript)."""

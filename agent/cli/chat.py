@@ -95,9 +95,6 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
     from agent.chat.service import ChatService
     from agent.chat.types import ChatError, StateUnusableError
     from agent.probes.session_check import check_state
-    from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
-    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
-    from agent.runtime.quant import QUANT_MODES, quantize_loaded
     from agent.cli.store import open_store
     from sessions import SessionError
 
@@ -117,25 +114,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
             if target is None:
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)
-        path = resolve_model_path(spec, settings.models_dir)
-        # Names (default, user models, presets) are stored as names, so a session survives the
-        # package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path.
-        from agent.runtime.checkpoint import PACKAGED_MODELS
-
-        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
-        model_id = spec if named else str(path.resolve())
-        try:
-            dev = resolve_device(device if device != "auto" else settings.device)
-            # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
-            quant = settings.dtype if settings.dtype in QUANT_MODES else None
-            lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
-            if quant:
-                quantize_loaded(lm, quant)
-        except ModelLoadError as exc:
-            hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
-            raise _fail(f"{exc}{hint}") from None
-        except (DeviceUnavailableError, ValueError) as exc:
-            raise _fail(str(exc)) from None
+        lm, model_id, dev = load_model_as(settings, spec, device)
         start = None
         if initial_state is not None:
             from agent.runtime.state import StateError as RuntimeStateError
@@ -180,6 +159,34 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
     except BaseException:
         store.close()
         raise
+
+
+def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[no-untyped-def]
+    """Load model `spec` on `device` (auto: the settings' device) in the settings' dtype;
+    returns (LoadedModel, the id sessions store for it, torch device). typer.Exit on failure.
+
+    Names (default, user models, presets) are stored as names, so a session survives the
+    package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
+    from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, load_model, resolve_model_path
+    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
+    from agent.runtime.quant import QUANT_MODES, quantize_loaded
+
+    try:
+        path = resolve_model_path(spec, settings.models_dir)
+        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
+        model_id = spec if named else str(path.resolve())
+        dev = resolve_device(device if device != "auto" else settings.device)
+        # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
+        quant = settings.dtype if settings.dtype in QUANT_MODES else None
+        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
+        if quant:
+            quantize_loaded(lm, quant)
+    except ModelLoadError as exc:
+        hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
+        raise _fail(f"{exc}{hint}") from None
+    except (DeviceUnavailableError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    return lm, model_id, dev
 
 
 def make_runner(model, device, settings: Settings):  # type: ignore[no-untyped-def]
