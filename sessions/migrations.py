@@ -156,6 +156,14 @@ def m005_session_leases(db: Database) -> None:
     )
 
 
+def m006_default_model_became_demo(db: Database) -> None:
+    # Until this version "default" named the 4.9 M model bundled in the package; that model is
+    # now "demo", and "default" is SmolLM2-135M as a hybrid. Sessions made before keep their
+    # model (their states were read by it), instead of failing against the new default.
+    for table in ("sessions", "probe_runs", "finetune_runs"):
+        db.execute(f"UPDATE {table} SET model_id = 'demo' WHERE model_id = 'default'")
+
+
 Migration = Callable[[Database], None]
 
 # The order is the schema version: version N means the first N have been applied.
@@ -165,6 +173,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     m003_probe_and_finetune_runs,
     m004_turns_fts,
     m005_session_leases,
+    m006_default_model_became_demo,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

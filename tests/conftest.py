@@ -11,4 +11,6 @@ def _laplace_home(tmp_path, monkeypatch):
     monkeypatch.setenv("LAPLACE_HOME", str(home))
     monkeypatch.delenv("LAPLACE_DEVICE", raising=False)
     monkeypatch.delenv("LAPLACE_DTYPE", raising=False)
+    # No test downloads the default model's 93 MB teacher: a first use fails fast, offline.
+    monkeypatch.setenv("LAPLACE_DEFAULT_MODEL_URL", "http://127.0.0.1:9/no-downloads-in-tests.whl")
     return home

@@ -68,7 +68,8 @@ class SessionBrowsing:
         state = self._state
         n = state.n_tokens if state is not None else 0
         s = self._session
-        return StatusView(model=self.model_id, device=self.device, session_uid=s.uid if s else None,
+        model = f"{self.model_id} (demo model)" if self.lm.card.get("demo") else self.model_id
+        return StatusView(model=model, device=self.device, session_uid=s.uid if s else None,
                           session_name=(s.name or s.uid[:8]) if s else "", tokens_folded=n,
                           state_bytes=self.lm.config.state_bytes(), kv_cache_bytes=self.lm.config.kv_cache_bytes(n),
                           last_tokens_per_s=self._last_tps)

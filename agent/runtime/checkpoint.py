@@ -175,9 +175,10 @@ def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Pat
     p = Path(name_or_path).expanduser()
     if p.is_dir() or "/" in name_or_path or name_or_path.startswith("."):
         return p
-    for base in ([models_dir] if models_dir else []) + [PACKAGED_MODELS]:
-        if (base / name_or_path).is_dir():
-            return base / name_or_path
+    if models_dir and (models_dir / name_or_path).is_dir():
+        return models_dir / name_or_path
+    if (PACKAGED_MODELS / name_or_path / "config.json").is_file():  # not the trained parts in agent/models/smollm2
+        return PACKAGED_MODELS / name_or_path
     return None
 
 
@@ -197,5 +198,5 @@ def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: 
         return LoadedModel(model, tok, ChatTemplate(), name=name_or_path, card={"name": name_or_path, "trained": False})
     if Path(name_or_path).expanduser().is_file():
         raise not_a_model_dir(Path(name_or_path).expanduser())
-    known = sorted(PRESETS) + sorted(p.name for p in PACKAGED_MODELS.glob("*") if p.is_dir())
+    known = sorted(PRESETS) + sorted(p.parent.name for p in PACKAGED_MODELS.glob("*/config.json"))
     raise ModelLoadError(f"no model named {name_or_path!r}: not a directory, a user model or a preset (known: {', '.join(known)})")

@@ -1,4 +1,4 @@
-"""The recipe of the bundled default model (agent/models/default), outside the installed package.
+"""The recipe of the bundled default model (agent/models/demo), outside the installed package.
 
 `plan.py` lists every training stage that shipped; `python -m recipes.default_model.build
 --seed 0 --out DIR` runs it from scratch: data (`corpus` + `vocab` + `dialogues` +

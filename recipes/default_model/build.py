@@ -195,7 +195,7 @@ class Build:
         steps = sum(e["steps"][1] - e["steps"][0] for e in self.history)
         tps = [e["tokens_per_s"] for e in self.history if e.get("tokens_per_s")]
         return {
-            "name": "default", "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
+            "name": "demo", "demo": True, "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
             "recipe": f"python -m recipes.default_model.build --seed {args.seed}", "seed": args.seed,
             "training_tokens": steps * BATCH_TOKENS, "training_steps": steps, "batch_tokens": BATCH_TOKENS,
             "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": f"cpu ({args.threads} thread(s), fp32)",
@@ -232,7 +232,7 @@ class Build:
 
 def argument_parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="the model directory to write (agent/models/default is the shipped one)")
+    ap.add_argument("--out", required=True, help="the model directory to write (agent/models/demo is the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/laplace-default-build")
     # One thread: on a shared 2-core machine two OpenMP threads stall each other (measured

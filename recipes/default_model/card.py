@@ -1,7 +1,7 @@
 """Fold the evaluation results into the shipped model's card, in lines `laplace info` shows.
 
-    python -m recipes.default_model.card --model agent/models/default --work /tmp/laplace-default-build \
-        --probe docs/default-model-probe.json
+    python -m recipes.default_model.card --model agent/models/demo --work /tmp/laplace-default-build \
+        --probe docs/demo-model-probe.json
 
 Reads the recipe's eval.json / baseline.json and a `laplace probe run --json` report, and
 rewrites only the card inside config.json (the weights, and so the fingerprint's weight
@@ -147,7 +147,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None, *, record:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "agent" / "models" / "default"))
+    ap.add_argument("--model", default=str(Path(__file__).resolve().parents[2] / "agent" / "models" / "demo"))
     ap.add_argument("--work", default="/tmp/laplace-default-build")
     ap.add_argument("--probe", default=None)
     a = ap.parse_args()

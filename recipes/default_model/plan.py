@@ -1,6 +1,6 @@
 """The plan of the bundled default model: every training stage that shipped, in order.
 
-One frozen `Stage` per block of training, as the shipped run made it (agent/models/default's
+One frozen `Stage` per block of training, as the shipped run made it (agent/models/demo's
 card and training_log.json record it): its data, its steps on its schedule, its learning
 rate, its data seed, its row length and its loss. `build.py` runs this list from scratch;
 nothing in it decides anything at run time. Where the shipped run decided as it went, the

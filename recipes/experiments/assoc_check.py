@@ -83,7 +83,7 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="init", required=True, help="default, scratch, or a model directory")
+    ap.add_argument("--from", dest="init", required=True, help="demo, scratch, or a model directory")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: only --minutes)")
     ap.add_argument("--pairs", type=int, default=8)
@@ -97,12 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.natural_rows and not args.steps:
         ap.error("--natural-rows needs --steps (the plain-speech rows are written for that many steps)")
     if args.init == "scratch" and (args.save or args.natural_rows):
-        ap.error("--save and --natural-rows need a trained model's tokenizer: --from default or DIR")
+        ap.error("--save and --natural-rows need a trained model's tokenizer: --from demo or DIR")
     if args.natural_rows and not args.save:
         ap.error("--natural-rows needs --save DIR (its rows are written there)")
-    path = None if args.init == "scratch" else resolve_model_path(args.init)  # "default": the packaged model
+    path = None if args.init == "scratch" else resolve_model_path(args.init)  # "demo": the packaged demo model
     if args.init != "scratch" and (path is None or not (path / "config.json").is_file()):
-        ap.error(f"--from {args.init}: not a model directory (no config.json); give default, scratch or a model directory")
+        ap.error(f"--from {args.init}: not a model directory (no config.json); give demo, scratch or a model directory")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if path is None:

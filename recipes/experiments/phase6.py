@@ -1,6 +1,6 @@
 """Phase 6, tried after the plan and not shipped: everyday details in plain speech.
 
-    python -m recipes.experiments.phase6 --from-model agent/models/default --first-stage p6.natural512 \\
+    python -m recipes.experiments.phase6 --from-model agent/models/demo --first-stage p6.natural512 \\
         --out /tmp/laplace-phase6
     python -m recipes.experiments.phase6 card --model /tmp/laplace-phase6 --work /tmp/laplace-phase6-build
 

@@ -121,15 +121,15 @@ def test_export_to_an_unwritable_path_is_a_clean_error(tmp_path):
     assert [m["content"] for m in messages if m["role"] == "user"] == ["hi"]
 
 
-def test_the_bundled_default_model_answers_in_turn():
-    """`laplace ask` with no -m uses the packaged default model and ends its turn."""
-    res = laplace("ask", "-o", "temperature", "0", "--json", "Hello! How are you?")
+def test_the_bundled_demo_model_answers_in_turn():
+    """`laplace ask -m demo` runs the model packaged with laplace (no download) and ends its turn."""
+    res = laplace("ask", "-m", "demo", "-o", "temperature", "0", "--json", "Hello! How are you?")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["status"] == "complete" and data["reply"].strip()
     with store() as s:
         [summary] = s.browse.list_sessions()
-        assert summary.session.model_id == "default"  # a name, not the install path
+        assert summary.session.model_id == "demo"  # a name, not the install path
         reply = s.tree.tail(summary.session.id, 1)[0]
         assert reply.stats["stop_reason"] == "stop"  # it ended its own turn
 

@@ -25,7 +25,7 @@ from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.tokenizer import byte_level_tokenizer
 from agent.train.data import encode_chat, pack
 
-DEFAULT = Path(__file__).resolve().parents[2] / "agent" / "models" / "default"
+DEFAULT = Path(__file__).resolve().parents[2] / "agent" / "models" / "demo"
 PASSAGES = [
     Passage("alpha", "module", "The alpha module reads files. It returns the lines it found in them."),
     Passage("beta", "Thing", "A thing that holds values. Values are kept in the order they were given."),

@@ -20,7 +20,7 @@ from recipes.default_model.corpus import Passage
 from recipes.default_model.plan import DRILL, PLAN, Chat, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = ROOT / "agent" / "models" / "default"
+DEFAULT = ROOT / "agent" / "models" / "demo"
 CARD = json.loads((DEFAULT / "config.json").read_text(encoding="utf-8"))["card"]
 LOG = json.loads((DEFAULT / "training_log.json").read_text(encoding="utf-8"))
 

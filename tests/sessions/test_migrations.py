@@ -84,3 +84,16 @@ def test_failed_migration_rolls_back_and_is_retried(db_path: Path, monkeypatch: 
     with SessionStore.open(db_path) as store:
         assert schema_version(store.db) == SCHEMA_VERSION
         assert store.core.get_session("ab12").name == "old"
+
+
+def test_sessions_of_the_old_bundled_default_keep_their_model_as_demo(db_path: Path) -> None:
+    _seed_old_schema(db_path, 5)
+    db = open_database(db_path, upto=5)
+    db.execute("INSERT INTO sessions (uid, name, model_id, created_at, updated_at)"
+               " VALUES ('ef34ab', 'bundled', 'default', '2025-01-01', '2025-01-01')")
+    db.execute("INSERT INTO probe_runs (uid, created_at, model_id, kind) VALUES ('p1', 'x', 'default', 'probe')")
+    db.close()
+    with SessionStore.open(db_path) as store:
+        assert store.core.get_session("ef34").model_id == "demo"
+        assert store.core.get_session("ab12").model_id == "tiny"
+        assert store.db.execute("SELECT model_id FROM probe_runs").fetchone()[0] == "demo"

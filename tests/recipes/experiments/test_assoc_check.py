@@ -22,9 +22,9 @@ def test_each_query_is_labelled_with_the_value_bound_to_its_key() -> None:
 
 
 def test_the_drill_trains_and_reports_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["--from", "default", "--steps", "2", "--rows", "4"])
+    main(["--from", "demo", "--steps", "2", "--rows", "4"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("default step 0 accuracy") and re.match(r"default step 2 loss [\d.]+ accuracy [01]\.\d{3} ", lines[-1])
+    assert lines[0].startswith("demo step 0 accuracy") and re.match(r"demo step 2 loss [\d.]+ accuracy [01]\.\d{3} ", lines[-1])
 
 
 def test_repeats_label_the_second_saying_from_its_second_token() -> None:
@@ -39,7 +39,7 @@ def test_repeats_label_the_second_saying_from_its_second_token() -> None:
 def test_beside_plain_speech_it_saves_a_model_that_loads(tmp_path: Path) -> None:
     from agent.runtime.checkpoint import load_model_dir
 
-    main(["--from", "default", "--steps", "1", "--rows", "2", "--natural-rows", "1", "--save", str(tmp_path)])
+    main(["--from", "demo", "--steps", "1", "--rows", "2", "--natural-rows", "1", "--save", str(tmp_path)])
     assert (tmp_path / "natural.jsonl").stat().st_size > 0
     lm = load_model_dir(tmp_path / "model")
     assert lm.config.d_model == 256
@@ -47,8 +47,8 @@ def test_beside_plain_speech_it_saves_a_model_that_loads(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("argv, message", [
     (["--from", "scratch", "--save", "X"], "need a trained model's tokenizer"),
-    (["--from", "default", "--natural-rows", "2", "--save", "X"], "--natural-rows needs --steps"),
-    (["--from", "default", "--natural-rows", "2", "--steps", "3"], "--natural-rows needs --save DIR"),
+    (["--from", "demo", "--natural-rows", "2", "--save", "X"], "--natural-rows needs --steps"),
+    (["--from", "demo", "--natural-rows", "2", "--steps", "3"], "--natural-rows needs --save DIR"),
     (["--from", "/nonexistent/model"], "not a model directory"),
 ])
 def test_bad_combinations_are_refused_before_training(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

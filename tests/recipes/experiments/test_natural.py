@@ -16,7 +16,7 @@ from recipes.experiments.natural import NaturalBuilder, NaturalSpec, cache, phra
 from recipes.experiments.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES
 from recipes.default_model.vocab import TRAIN
 
-DEFAULT = Path(__file__).resolve().parents[3] / "agent" / "models" / "default"
+DEFAULT = Path(__file__).resolve().parents[3] / "agent" / "models" / "demo"
 
 
 def norm(s: str) -> str:
