@@ -133,6 +133,10 @@ def bench(
     elif chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
                                         compile_backend=None)
+    if model is not None:  # the flags are checked: now build the default if it is the one asked for
+        from agent.cli.models import ensure_model
+
+        ensure_model(settings_of(ctx), model)
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
 
 
