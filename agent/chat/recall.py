@@ -76,7 +76,8 @@ class RecallRefresh:
         recent = [t for t in self.store.tree.tail(session.id, RECENT_TURNS) if head.tokens_total - t.tokens_total <= horizon]
         candidates = [rule.Candidate(t.id, t.role, t.content, head.tokens_total - t.tokens_total)
                       for t in [*faded, *recent] if not is_recall(t)]
-        block = rule.build_block(message, candidates, horizon=horizon, budget=opts.tokens, encode=self.block_ids)
+        block = rule.build_block(message, candidates, horizon=horizon, budget=rule.block_budget(self.lm.config, opts.tokens),
+                                 encode=self.block_ids)
         if block is None:
             return None
         return RecallPlan(block.text, block.token_ids, [r.turn_id for r in block.chosen], horizon)

@@ -23,7 +23,7 @@ from agent.probes.fillers import Filler, Piece, make_filler
 from agent.probes.ledger import counterfactual_trace, resume_check, retention_ledger
 from agent.recall.decays import capture_decays
 from agent.recall.horizon import recall_horizon
-from agent.recall.rule import BLOCK_ROLE, DEFAULT_BUDGET, Candidate, Recalled, build_block
+from agent.recall.rule import BLOCK_ROLE, DEFAULT_BUDGET, Candidate, Recalled, block_budget, build_block
 from agent.probes.suites import REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
@@ -250,7 +250,7 @@ def recall_block(loaded: LoadedModel, asked: str, said: Sequence[tuple[str, str,
         cands.append(Candidate(i, role, body, d + left))
     base = len(cands)
     cands += [Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
-    block = build_block(asked, cands, horizon=horizon, budget=budget,
+    block = build_block(asked, cands, horizon=horizon, budget=block_budget(loaded.config, budget),
                         encode=lambda t: template.message(tok, BLOCK_ROLE, t))
     return ([], []) if block is None else (block.token_ids, block.chosen)
 

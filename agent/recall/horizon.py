@@ -65,11 +65,16 @@ def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
     number comes from: the model card's measured recall when it records one
     (`horizon_from_card`), else half the slowest head's half-life from `model_half_lives`
     (that head then still keeps about 70% of a write; measured exact recall of a detail
-    fades well before the slowest head does: the default model's card says 0.85 at 1,024
-    tokens where its slowest head's half-life is about 1,500)."""
+    fades well before the slowest head does: the demo model's card says 0.85 at 1,024
+    tokens where its slowest head's half-life is about 1,500). A window hybrid without a
+    measured card reads only its window exactly: a quarter of it, so that what a recall
+    block and the question push along is still inside the window when the answer is written
+    (the GLA branch's slow decays say nothing of how exactly it recalls)."""
     measured = horizon_from_card(lm.card)
     if measured is not None:
         return measured, "model card (held-out recall >= 0.9)"
+    if lm.config.mixer == "window":
+        return lm.config.window // 4, f"a quarter of the {lm.config.window}-token window read exactly"
     half, basis = model_half_lives(lm)
     slowest = max((x for row in half for x in row if math.isfinite(x)), default=0.0)
     return int(slowest / 2), f"half the slowest head's half-life ({basis})"

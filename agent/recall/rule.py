@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 HEADER = "Recalled from earlier in this conversation:"
 BLOCK_ROLE = "document"  # the chat-template role a recall block is folded as
@@ -213,6 +213,13 @@ class Block:
     text: str
     token_ids: list[int]
     chosen: list[Recalled]
+
+
+def block_budget(config: Any, tokens: int) -> int:
+    """The most tokens a recall block may take on a model of `config`: `tokens`, but at most
+    half the window for a window hybrid, so the block, the question and the reply are all
+    still inside the window, read exactly, while the answer is written."""
+    return min(tokens, config.window // 2) if getattr(config, "mixer", None) == "window" else tokens
 
 
 def build_block(message: str, candidates: Iterable[Candidate], *, horizon: int, budget: int,

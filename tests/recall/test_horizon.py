@@ -29,3 +29,15 @@ def test_a_card_without_recall_falls_back_to_the_gates() -> None:
     lm = load_model("tiny")
     tokens, source = recall_horizon(lm)
     assert tokens > 0 and "half-life" in source
+
+
+def test_a_window_hybrid_refreshes_what_leaves_a_quarter_of_its_window() -> None:
+    from types import SimpleNamespace
+
+    from agent.recall.horizon import recall_horizon
+
+    lm = SimpleNamespace(card={}, config=SimpleNamespace(mixer="window", window=256))
+    tokens, source = recall_horizon(lm)  # type: ignore[arg-type]
+    assert tokens == 64 and "256-token window" in source
+    lm.card = {"recall_horizon": 900}  # a measured card (a trained branch) wins
+    assert recall_horizon(lm)[0] == 900  # type: ignore[arg-type]

@@ -139,3 +139,13 @@ def test_build_block_folds_what_it_counts() -> None:
     assert block is not None and block.text == render(block.chosen) and block.token_ids == encode(block.text)
     assert build_block("What is my locker code?", cands, horizon=100, budget=len(encode(block.text)) - 1, encode=encode) is None
     assert build_block("What is my locker code?", cands, horizon=1000, budget=200, encode=encode) is None
+
+
+def test_a_recall_block_fits_in_half_a_window() -> None:
+    from types import SimpleNamespace
+
+    from agent.recall.rule import block_budget
+
+    assert block_budget(SimpleNamespace(mixer="window", window=256), 256) == 128
+    assert block_budget(SimpleNamespace(mixer="window", window=4096), 256) == 256
+    assert block_budget(SimpleNamespace(mixer="gla", window=0), 256) == 256
