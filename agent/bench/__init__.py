@@ -59,5 +59,10 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_cpu1b(quick)
 
+    def llamacpp(quick: bool) -> dict[str, Any]:
+        from agent.bench.llamacpp import bench_llamacpp
+
+        return bench_llamacpp(quick)
+
     return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui,
-            "cpu1b": cpu1b}
+            "cpu1b": cpu1b, "llamacpp": llamacpp}

@@ -73,6 +73,7 @@ def bench(
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: mamba2-130m (default) | tiny, then key=value overrides."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -98,6 +99,16 @@ def bench(
         from agent.bench.cpu1b import bench_cpu1b
 
         benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(Settings.from_env().models_dir))
+    if shape is not None:
+        if chosen != ["llamacpp"]:
+            raise fail("--shape applies to the llamacpp benchmark only: laplace bench llamacpp --shape SHAPE")
+        from agent.bench.llamacpp import bench_llamacpp, parse_shape
+
+        try:
+            parse_shape(shape)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        benches["llamacpp"] = lambda q: bench_llamacpp(q, shape=shape)
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
 
 
