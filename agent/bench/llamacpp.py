@@ -640,6 +640,7 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
         model_dir = import_checkpoint_dir(hf, work / "models", "bench-mamba2")
         setup_s = time.perf_counter() - t0
         print(f"  checkpoint built, converted and imported in {setup_s:.0f} s", file=sys.stderr, flush=True)
+        load_before = os.getloadavg()
         bandwidth = measure_bandwidth(threads)
         ids = prompt_ids(shape_d["vocab_size"], max(PREFILL_LENGTHS), seed)
         pairs = [compare_pair(model_dir, ggufs["f32"], laplace_weights="fp32", gguf_label="F32", rounds=rounds,
@@ -651,6 +652,8 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
         bandwidth_after = measure_bandwidth(threads)
         bound = best_bandwidth(bandwidth, bandwidth_after)
         pairs = [apply_bound(p, bound) for p in pairs]
+        load_after = os.getloadavg()
+        drift = quantization_drift(work, pairs[0]["raw"], pairs[1]["raw"])
         sizes = {p.name: p.stat().st_size for p in (*ggufs.values(), *model_dir.glob("*.safetensors"))}
     finally:
         if not keep:
@@ -675,14 +678,36 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
             "fp32_max_logit_diff": agree["fp32_vs_F32"]["max_abs_logit_diff"],
             "int8_greedy_top1": f"{agree['int8_vs_Q8_0']['identical']}/{agree['int8_vs_Q8_0']['of']}",
             "int8_max_logit_diff": agree["int8_vs_Q8_0"]["max_abs_logit_diff"],
+            "quantized_vs_own_fp32": drift["line"],
+            "loadavg_before_after": f"{load_before[0]:.2f} -> {load_after[0]:.2f} (1-minute; this machine has {os.cpu_count()} CPUs)",
             "setup_s": round(setup_s, 1),
         },
+        "quantization_drift": drift,
         "shape": shape_d,
         "bandwidth": {"before": bandwidth, "after": bandwidth_after},
         "file_bytes": sizes,
         "pairs": {"fp32_vs_F32": fp32["raw"], "int8_vs_Q8_0": int8["raw"]},
         "llama_cpp_python": LLAMA_CPP_PYTHON,
     }
+
+
+def quantization_drift(work: Path, fp32: dict[str, Any], int8: dict[str, Any]) -> dict[str, Any]:
+    """Each runtime's quantized logits and greedy tokens against its own fp32 ones: how
+    far quantization alone moves this model, the scale for the int8 / Q8_0 agreement."""
+    import numpy as np
+
+    ref = np.load(work / "laplace-fp32-F32-r0.npy")
+    out: dict[str, Any] = {"fp32_logit_std": float(ref.std())}
+    for side, a, b in (("laplace", "fp32-F32", "int8-Q8_0"), ("llama_cpp", "fp32-F32", "int8-Q8_0")):
+        prefix = "laplace" if side == "laplace" else "llama"
+        x, y = np.load(work / f"{prefix}-{a}-r0.npy"), np.load(work / f"{prefix}-{b}-r0.npy")
+        same, first = agreement(fp32[side][0]["tokens"][:AGREE_TOKENS], int8[side][0]["tokens"][:AGREE_TOKENS])
+        out[side] = {"max_abs_logit_diff": float(np.abs(x - y).max()), "identical": same, "first_divergence": first}
+    n = min(AGREE_TOKENS, len(fp32["laplace"][0]["tokens"]))
+    out["line"] = (f"laplace int8 vs fp32 {out['laplace']['identical']}/{n} tokens, max logit diff {out['laplace']['max_abs_logit_diff']:.3g}; "
+                   f"llama.cpp Q8_0 vs F32 {out['llama_cpp']['identical']}/{n}, {out['llama_cpp']['max_abs_logit_diff']:.3g} "
+                   f"(fp32 logits' std {out['fp32_logit_std']:.3g})")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
