@@ -471,12 +471,35 @@ def _child_env(threads: int) -> dict[str, str]:
 def run_child(code: str, spec: dict[str, Any], workdir: Path, tag: str) -> dict[str, Any]:
     spec_path = workdir / f"{tag}.json"
     spec_path.write_text(json.dumps(spec))
+    before = _cpu_counters()
     out = subprocess.run([sys.executable, "-c", code, str(spec_path)], check=False, capture_output=True, text=True,
                          env=_child_env(spec["threads"]))
     if out.returncode != 0:
         tail = "\n".join(out.stderr.strip().splitlines()[-6:]) or "no output"
         raise RuntimeError(f"the {tag} run failed:\n{tail}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "others_cpu_share": others_cpu_share(before, _cpu_counters())}
+
+
+def _cpu_counters() -> tuple[float, float, float]:
+    """(wall s, CPU-seconds busy on the whole machine, CPU-seconds of this process's waited children)."""
+    import resource
+
+    busy = 0.0
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        pass
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime
+
+
+def others_cpu_share(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """Share of the machine's CPU time that other processes used while a child ran (0: it
+    had the machine to itself; 0.5 on 2 CPUs: one core's worth of someone else's work)."""
+    wall, busy, ours = (a - b for a, b in zip(after, before))
+    return max(0.0, (busy - ours) / (wall * (os.cpu_count() or 1))) if wall > 0 else 0.0
 
 
 def measure_bandwidth(threads: int, nbytes: int = 2**30) -> dict[str, float]:
@@ -659,6 +682,7 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     fp32, int8 = pairs
+    others = [run["others_cpu_share"] for p in pairs for side in ("laplace", "llama_cpp") for run in p["raw"][side]]
     rows = [fp32["rows"][0], fp32["rows"][1], int8["rows"][0], int8["rows"][1], fp32["rows"][2], int8["rows"][2]]
     agree = {k: p["raw"]["agreement"] for k, p in (("fp32_vs_F32", fp32), ("int8_vs_Q8_0", int8))}
     params = fp32["raw"]["laplace"][0]["params"]
@@ -679,7 +703,9 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
             "int8_greedy_top1": f"{agree['int8_vs_Q8_0']['identical']}/{agree['int8_vs_Q8_0']['of']}",
             "int8_max_logit_diff": agree["int8_vs_Q8_0"]["max_abs_logit_diff"],
             "quantized_vs_own_fp32": drift["line"],
-            "loadavg_before_after": f"{load_before[0]:.2f} -> {load_after[0]:.2f} (1-minute; this machine has {os.cpu_count()} CPUs)",
+            "others_cpu_share": f"median {median(others):.2f}, max {max(others):.2f} of the machine's CPU time went to other "
+                                f"processes while the runs ran (0 = quiet; timings from a busy machine are low); "
+                                f"loadavg {load_before[0]:.2f} before, {load_after[0]:.2f} after",
             "setup_s": round(setup_s, 1),
         },
         "quantization_drift": drift,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -104,6 +105,12 @@ def test_apply_bound_fills_both_sides():
             "raw": {"bytes_per_token": {"laplace": 100e6, "llama_cpp": 50e6}, "decode_tok_s": {"laplace": 20.0, "llama_cpp": 100.0}}}
     lc.apply_bound(pair, {"read_Bps": 10e9})
     assert [r.get("pct_of_bw_bound") for r in pair["rows"]] == [20.0, 50.0, None]
+
+
+def test_others_cpu_share():
+    # 10 s of wall time on 2 CPUs; 12 CPU-seconds busy, 8 of them our child's: others used 4 of 20.
+    assert lc.others_cpu_share((0.0, 100.0, 5.0), (10.0, 112.0, 13.0)) == pytest.approx(0.2 * 2 / (os.cpu_count() or 1))
+    assert lc.others_cpu_share((0.0, 100.0, 5.0), (10.0, 105.0, 13.0)) == 0.0
 
 
 def test_q8_0_bytes():
