@@ -4,7 +4,7 @@ ops by self CPU time, and how many aten calls one step makes.
     python -m agent.bench.decode_profile MODEL_DIR [--steps 32] [--threads 2] [--int8] [--top 15]
 
 MODEL_DIR is any laplace model directory (an imported checkpoint, e.g. the one
-`python -m agent.bench.llamacpp --keep DIR` leaves under DIR/.../models/). The steps
+`python -m agent.bench.llamacpp_cli --keep DIR` leaves under DIR/.../models/). The steps
 follow a 512-token prefill and a few unprofiled warm-up steps; figures are per step.
 """
 

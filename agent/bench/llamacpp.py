@@ -48,8 +48,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -60,7 +60,7 @@ INSTALL_HINT = (f"pip install 'laplace[llamacpp]' (llama-cpp-python=={LLAMA_CPP_
 CONVERTER_HINT = (f"the converter comes from the llama-cpp-python {LLAMA_CPP_PYTHON} sdist: the bench runs "
                   f"`pip download --no-deps --no-binary :all: llama-cpp-python=={LLAMA_CPP_PYTHON}` (network), checks its "
                   "sha256 and extracts convert_hf_to_gguf.py, conversion/, gguf-py/ and the GPT-NeoX vocabulary into "
-                  "the cache; offline, pass --sdist FILE to `python -m agent.bench.llamacpp` once")
+                  "the cache; offline, pass --sdist FILE to `python -m agent.bench.llamacpp_cli` once")
 
 # What the converter needs from the sdist, relative to vendor/llama.cpp/.
 _SDIST_ROOT = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
@@ -252,9 +252,12 @@ def ensure_converter(*, converter: Path | None = None, sdist: Path | None = None
 
 
 def skipped(reason: str) -> dict[str, Any]:
+    """The result of a skipped run; the summary line is escaped for rich (bench's report
+    prints summaries as markup, where [llamacpp] would be a tag and vanish)."""
+    from rich.markup import escape
+
     line = f"llamacpp skipped: {reason}"
-    print(f"  {line}", file=sys.stderr, flush=True)
-    return {"skipped": True, "reason": reason, "rows": [], "summary": {"skipped": line}}
+    return {"skipped": True, "reason": reason, "rows": [], "summary": {"skipped": escape(line)}}
 
 
 # ---------------------------------------------------------------------------- the checkpoint
@@ -734,35 +737,3 @@ def quantization_drift(work: Path, fp32: dict[str, Any], int8: dict[str, Any]) -
                    f"llama.cpp Q8_0 vs F32 {out['llama_cpp']['identical']}/{n}, {out['llama_cpp']['max_abs_logit_diff']:.3g} "
                    f"(fp32 logits' std {out['fp32_logit_std']:.3g})")
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """python -m agent.bench.llamacpp: the bench with every knob (the CLI has --quick and --shape)."""
-    import argparse
-
-    from rich.console import Console
-
-    from agent.bench.report import run_benches
-
-    p = argparse.ArgumentParser(prog="python -m agent.bench.llamacpp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="the tiny shape")
-    p.add_argument("--shape", default=None, help=f"{' | '.join(SHAPES)}, then optional key=value overrides")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--decode-tokens", type=int, default=AGREE_TOKENS)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--converter", type=Path, default=None, help="a llama.cpp source dir holding convert_hf_to_gguf.py, conversion/, gguf-py/")
-    p.add_argument("--sdist", type=Path, default=None, help=f"a local llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz (sha256-checked) to fill the cache")
-    p.add_argument("--keep", type=Path, default=None, help="keep the checkpoint, GGUFs and imported model under this directory")
-    p.add_argument("--out", "-o", type=Path, default=Path("laplace-bench-llamacpp.json"))
-    a = p.parse_args(argv)
-
-    def run(quick: bool) -> dict[str, Any]:
-        return bench_llamacpp(quick, shape=a.shape, rounds=a.rounds, decode_tokens=a.decode_tokens, threads=a.threads,
-                              converter=a.converter, sdist=a.sdist, keep=a.keep)
-
-    run_benches(["llamacpp"], {"llamacpp": run}, quick=a.quick, out=a.out, console=Console(width=200))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
