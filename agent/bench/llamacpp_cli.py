@@ -28,12 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--converter", type=Path, default=None, help="a llama.cpp source dir holding convert_hf_to_gguf.py, conversion/, gguf-py/")
     p.add_argument("--sdist", type=Path, default=None, help=f"a local llama_cpp_python-{lc.LLAMA_CPP_PYTHON}.tar.gz (sha256-checked) to fill the cache")
     p.add_argument("--keep", type=Path, default=None, help="keep the checkpoint, GGUFs and imported model under this directory")
+    p.add_argument("--max-others", type=float, default=0.15,
+                   help="run a round again when other processes took more than this share of the CPU meanwhile (1 = never)")
     p.add_argument("--out", "-o", type=Path, default=Path("laplace-bench-llamacpp.json"))
     a = p.parse_args(argv)
 
     def run(quick: bool) -> dict[str, Any]:
         return lc.bench_llamacpp(quick, shape=a.shape, rounds=a.rounds, decode_tokens=a.decode_tokens, threads=a.threads,
-                                 converter=a.converter, sdist=a.sdist, keep=a.keep)
+                                 converter=a.converter, sdist=a.sdist, keep=a.keep,
+                                 max_others=a.max_others)
 
     run_benches(["llamacpp"], {"llamacpp": run}, quick=a.quick, out=a.out, console=Console(width=200))
     return 0

@@ -114,6 +114,42 @@ def test_others_cpu_share():
     assert lc.others_cpu_share((0.0, 100.0, 5.0), (10.0, 105.0, 13.0)) == 0.0
 
 
+def test_compare_pair_medians_ratios_and_redone_rounds(monkeypatch, tmp_path):
+    """compare_pair end to end on fake children: laplace runs at 10, 20, 30 tok/s, llama.cpp
+    at 40, 40, 45; one round under load is run again and left out."""
+    import numpy as np
+
+    speeds = {"laplace": iter([10.0, 99.0, 20.0, 30.0]), "llama": iter([40.0, 99.0, 40.0, 45.0])}
+    busy = iter([0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0])  # the second round's laplace run is disturbed
+
+    def fake_child(code, spec, workdir, tag):
+        side = "laplace" if code is lc.LAPLACE_CHILD else "llama"
+        tps = next(speeds[side])
+        np.save(spec["logits_out"], np.arange(8, dtype=np.float32) + (0.25 if side == "llama" else 0.0))
+        res = {"vocab": 8, "prefill_s": {str(n): n / (10 * tps) for n in spec["lengths"]},
+               "decode_s": spec["decode_tokens"] / tps, "tokens": [1, 2, 3, 4] if side == "laplace" else [1, 2, 5, 4],
+               "rss": {"peak_kb": 1024 * (100 if side == "laplace" else 50)}, "others_cpu_share": next(busy)}
+        if side == "laplace":
+            res |= {"tensors": {"embed.weight": [800, 8], "blocks.0.w": [200, 2]}, "params": 250}
+        else:
+            res |= {"model_bytes": 500, "params": 250}
+        return res
+
+    monkeypatch.setattr(lc, "run_child", fake_child)
+    pair = lc.compare_pair(tmp_path / "model", tmp_path / "m.gguf", gguf_label="F32", rounds=3, lengths=(8, 16),
+                           decode_tokens=4, ids=list(range(8)) * 2, bandwidth={"read_Bps": 1000.0}, workdir=tmp_path,
+                           redo_wait_s=0)
+    lap, cpp, ratio = pair["rows"]
+    assert pair["raw"]["rounds_redone"] == [{"round": 1, "others_cpu_share": 0.5}]
+    assert lap["decode_tok_s"] == 20.0 and cpp["decode_tok_s"] == 40.0
+    assert lap["prefill8_tok_s"] == 200.0 and cpp["prefill16_tok_s"] == 400.0
+    assert pair["raw"]["per_round_ratios"]["decode_tok_s"] == [4.0, 2.0, 1.5]
+    assert ratio["decode_tok_s"] == "2.00 (4.00 2.00 1.50)" and ratio["peak_rss_MB"].startswith("0.50")
+    assert (ratio["greedy_top1"], ratio["first_divergence"], ratio["max_logit_diff"]) == ("3/4", 2, 0.25)
+    # 1000 bytes per token (tied), 20 tok/s, 1000 B/s: 2000% of the bound; llama.cpp 500 B at 40 tok/s: the same.
+    assert lap["MB_read_per_token"] == 0.0 and lap["pct_of_bw_bound"] == 2000.0 and cpp["pct_of_bw_bound"] == 2000.0
+
+
 def test_q8_0_bytes():
     assert lc.q8_0_bytes(32) == 34
     assert lc.q8_0_bytes(768 * 1536) == 768 * 1536 // 32 * 34
