@@ -30,11 +30,7 @@ def profile_decode(model_dir: str | Path, *, steps: int = 32, threads: int = 2, 
     from agent.runtime.generation import EagerRunner
 
     torch.set_num_threads(threads)
-    lm = load_model_dir(model_dir)
-    if int8:
-        from agent.runtime.quant import quantize_loaded
-
-        quantize_loaded(lm, "int8")
+    lm = load_model_dir(model_dir, quant="int8" if int8 else None)
     runner = EagerRunner(lm.model)
     model = lm.model
 

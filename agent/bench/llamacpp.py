@@ -15,9 +15,9 @@ last position, and decode's share of this machine's memory-bandwidth bound.
 The bandwidth bound: a batch-1 decode step reads every weight once (the tied embedding
 is read whole as the LM head; an untied embedding contributes one row), so
 bytes_per_token x tokens/s / read bandwidth is the share of the bound reached. Bytes are
-counted at each runtime's dtype: fp32 4 bytes per weight; laplace int8 1 byte per Linear
-weight plus 8 per output channel (scale, zero point), with everything else (norms, conv,
-and the tied LM head, which is not an nn.Linear) fp32; GGUF tensors at their stored size
+counted at each runtime's dtype: fp32 4 bytes per weight; laplace int8 1 byte per matmul
+weight (every Linear and the tied LM head) plus 8 per output channel (scale, zero point),
+the int8 embedding table one row, everything else (norms, conv) fp32; GGUF tensors at their stored size
 (Q8_0: 34 bytes per block of 32 weights). The read bandwidth is measured in the same run
 by summing a buffer far larger than the L3 cache, best of several, on the same threads.
 The state the recurrence reads and writes per token (a few MB) is not counted.
@@ -358,13 +358,8 @@ torch.set_num_threads(threads)
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.generation import EagerRunner
 rss["imported_kb"] = kb("VmRSS")
-lm = load_model_dir(spec["model"])
+lm = load_model_dir(spec["model"], quant="int8" if spec["weights"] == "int8" else None)  # read straight into int8
 rss["loaded_kb"] = kb("VmRSS")
-if spec["weights"] == "int8":
-    from agent.runtime.quant import quantize_loaded
-    quantize_loaded(lm, "int8")
-    import gc; gc.collect()
-    rss["quantized_kb"] = kb("VmRSS")
 model = lm.model
 tensors = {}
 for mname, m in model.named_modules():
@@ -373,7 +368,9 @@ for mname, m in model.named_modules():
         tensors[mname + ".weight"] = (w.numel() + 8 * w.shape[0], w.shape[0])
         if m.bias() is not None:
             tensors[mname + ".bias"] = (4 * m.bias().numel(), 1)
-for pname, p in model.named_parameters():
+for pname, p in [*model.named_parameters(), *model.named_buffers()]:
+    if pname == "embed.weight" and "lm_head.weight" in tensors:
+        continue  # an int8 table (its rows) beside the int8 head that reads it: one row a step
     tensors[pname] = (p.numel() * p.element_size(), p.shape[0] if p.dim() > 1 else 1)
 runner = EagerRunner(model)
 res = {"vocab": model.config.vocab_size, "tensors": tensors, "params": sum(p.numel() for p in model.parameters())}
@@ -381,7 +378,7 @@ with torch.inference_mode():
     logits, state = runner.prefill(ids[:64])  # warm thread pools and the allocator
     tok = logits.argmax(-1)
     for _ in range(4):
-        logits, state = runner.step(tok, state)
+        logits = runner.step_(tok, state)
     rss["warm_kb"] = kb("VmRSS")
     prefill = {}
     for i, n in enumerate(lengths):
@@ -396,7 +393,7 @@ with torch.inference_mode():
             t = time.perf_counter()
             for _ in range(n_decode):
                 tokens.append(int(tok))
-                logits, state = runner.step(tok, state)
+                logits = runner.step_(tok, state)  # the decode loop's form: the state written in place
                 tok = logits.argmax(-1)
             decode = time.perf_counter() - t
 rss["peak_kb"] = kb("VmHWM")
@@ -717,7 +714,7 @@ def bench_llamacpp(quick: bool, *, shape: str | dict[str, int] | None = None, ro
                                    f"after {bandwidth_after['read_Bps'] / 1e9:.1f}; the bound uses the faster)",
             "copy_bandwidth_GBps": round(bound["copy_Bps"] / 1e9, 1),
             "bytes_counted": "weights one decode step reads, at the runtime's dtype (tied embedding whole as LM head; Q8_0 34 B/32 weights; "
-                             "laplace int8 1 B/weight + 8 B/row, tied head fp32)",
+                             "laplace int8 1 B/weight + 8 B/row, tied head int8 too)",
             "fp32_greedy_top1": f"{agree['fp32_vs_F32']['identical']}/{agree['fp32_vs_F32']['of']}",
             "fp32_max_logit_diff": agree["fp32_vs_F32"]["max_abs_logit_diff"],
             "int8_greedy_top1": f"{agree['int8_vs_Q8_0']['identical']}/{agree['int8_vs_Q8_0']['of']}",
