@@ -5,6 +5,11 @@ is built), randomly initialized: speed and memory do not depend on the values; o
 `laplace bench cpu1b -m NAME`, a model directory such as an imported checkpoint. fp32 is
 the baseline (bf16 weights are upcast to it at load; bf16 matmuls are far slower on this
 class of CPU). Each mode runs in its own child process so its memory is its own.
+
+The int8 row of the random shape is built int8 from the start (random int8 rows and
+scales for every matmul and the embedding, the small rest as an init would set it), as
+`load_model_dir(quant="int8")` reads a real checkpoint: its peak memory is the int8
+model's, never an fp32 model's. Decode is the lean in-place step (`step_`).
 """
 
 from __future__ import annotations
@@ -24,21 +29,54 @@ def kb(field):
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith(field)).split()[1])
 
+def random_int8(config):
+    import math
+    from agent.runtime.quant import Int8Embedding, int8_linear
+    gen = torch.Generator().manual_seed(0)
+    model = build_model(config, device="meta")
+    params = sum(p.numel() for p in model.parameters())
+    def rows(n, k, std):  # uniform int8 rows whose values have standard deviation std
+        return torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), torch.full((n,), std * math.sqrt(3) / 127)
+    for name, mod in list(model.named_modules()):
+        if type(mod) is torch.nn.Linear:
+            parent, _, attr = name.rpartition(".")
+            bias = None if mod.bias is None else torch.zeros(mod.out_features)
+            setattr(model.get_submodule(parent), attr, int8_linear(*rows(mod.out_features, mod.in_features, config.init_std), bias))
+    q, s = rows(config.vocab_size, config.d_model, config.init_std)
+    model.embed = Int8Embedding(q, s)
+    if model.lm_head is None:
+        model.lm_head = int8_linear(q, s, None)
+    for name, p in list(model.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        if leaf == "conv" or name.endswith("conv.weight"):
+            t = torch.randn(p.shape, generator=gen) / math.sqrt(config.conv_size)
+        elif leaf == "A_log":
+            t = torch.log(1 + 15 * torch.rand(p.shape, generator=gen))
+        elif leaf == "dt_bias":
+            t = torch.full(p.shape, math.log(math.expm1(0.01)))  # dt = 0.01 at rest
+        elif leaf in ("weight", "norm_weight", "D") :
+            t = torch.ones(p.shape)
+        else:
+            t = torch.zeros(p.shape)
+        setattr(model.get_submodule(owner), leaf, torch.nn.Parameter(t))
+    return model.eval(), params
+
 mode, quick, spec, models_dir = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
 if spec == "ssd-1b":
     config = PRESETS["ssd-1b"]
     if quick:
         config = config.replace(n_layers=4, vocab_size=32000)
-    model = build_model(config, seed=0).eval()
+    if mode == "int8":
+        model, params = random_int8(config)
+    else:
+        model = build_model(config, seed=0).eval()
+        params = sum(p.numel() for p in model.parameters())
 else:
     from pathlib import Path
     from agent.runtime.checkpoint import load_model
-    model = load_model(spec, models_dir=Path(models_dir)).model
+    model = load_model(spec, models_dir=Path(models_dir), quant="int8" if mode == "int8" else None).model
     config = model.config
-params = sum(p.numel() for p in model.parameters())
-if mode == "int8":
-    from agent.runtime.quant import quantize_int8_
-    quantize_int8_(model)
+    params = sum(p.numel() for p in model.parameters())
 import gc; gc.collect()
 resident = kb("VmRSS")
 runner = EagerRunner(model)
@@ -49,7 +87,7 @@ with torch.inference_mode():
     token = torch.tensor([int(logits.argmax())])
     for _ in range(8 if quick else 24):
         t = time.perf_counter()
-        logits, state = runner.step(token, state)
+        logits = runner.step_(token, state)
         times.append(time.perf_counter() - t)
         token = logits.argmax(-1)
 times = sorted(times[2:])  # the first steps warm caches and allocators
