@@ -12,3 +12,12 @@ def _laplace_home(tmp_path, monkeypatch):
     monkeypatch.delenv("LAPLACE_DEVICE", raising=False)
     monkeypatch.delenv("LAPLACE_DTYPE", raising=False)
     return home
+
+
+@pytest.fixture(autouse=True)
+def _bf16_is_slow(monkeypatch):
+    """Whether bf16 is fast on a CPU is measured (device.cpu_bf16_speedup); tests must not
+    depend on a timing, so they and the processes they start see the answer of a CPU
+    without fast bf16 unless they set another (test_device.py uses a fake clock)."""
+    monkeypatch.setenv("LAPLACE_BF16_SPEEDUP", "0")
+    monkeypatch.setattr("agent.runtime.device.cpu_bf16_speedup", lambda: 0.0)
