@@ -30,7 +30,7 @@ def profile_decode(model_dir: str | Path, *, steps: int = 32, threads: int = 2, 
     from agent.runtime.generation import EagerRunner
 
     torch.set_num_threads(threads)
-    lm = load_model_dir(model_dir, quant="int8" if int8 else None)
+    lm = load_model_dir(model_dir, quant="int8" if int8 else None, decode_layout=True)
     runner = EagerRunner(lm.model)
     model = lm.model
 

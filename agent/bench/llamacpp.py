@@ -358,7 +358,7 @@ torch.set_num_threads(threads)
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.generation import EagerRunner
 rss["imported_kb"] = kb("VmRSS")
-lm = load_model_dir(spec["model"], quant="int8" if spec["weights"] == "int8" else None)  # read straight into int8
+lm = load_model_dir(spec["model"], quant="int8" if spec["weights"] == "int8" else None, decode_layout=True)  # as chat loads
 rss["loaded_kb"] = kb("VmRSS")
 model = lm.model
 tensors = {}

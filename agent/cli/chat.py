@@ -180,7 +180,7 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         # straight from the file into that form.
         quant = settings.dtype if settings.dtype in QUANT_MODES else None
         lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir,
-                        quant=quant)
+                        quant=quant, decode_layout=True)
     except ModelLoadError as exc:
         hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
         raise _fail(f"{exc}{hint}") from None

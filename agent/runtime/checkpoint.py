@@ -158,12 +158,18 @@ def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], 
 
 
 def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = torch.float32,
-                    quant: str | None = None) -> tuple[LaplaceModel, str]:
+                    quant: str | None = None, decode_layout: bool = False) -> tuple[LaplaceModel, str]:
     """(model, weights digest): the model of `config` read from a safetensors file tensor
     by tensor (`weights.py`), each straight into its final form: `dtype`, or with `quant`
     ("int8") every matmul weight int8 as `quant.quantize_int8_` makes it, built from fp32
     blocks of rows, so peak memory is about the final model's. The digest is
-    `weights_digest` of the model loaded in `dtype` (fp32 for a quantized one)."""
+    `weights_digest` of the model loaded in `dtype` (fp32 for a quantized one).
+
+    `decode_layout`: the LM head's matrix (an untied head's, or the tied embedding) stored
+    column-major, same values and shape: a batch-1 step's `h @ W.t()` then streams a
+    contiguous [d_model, vocab] matrix, which CPU BLAS (MKL here) reads 1.3-2.3x faster
+    than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
+    training and sharding expect contiguous parameters."""
     if quant is not None and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if quant is not None:
@@ -177,6 +183,7 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
     modules = dict(model.named_modules())
+    head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
     digest = Digest()
     plain: dict[str, torch.Tensor] = {}
     try:
@@ -186,7 +193,8 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
                 owner, _, leaf = name.rpartition(".")
                 module = modules.get(owner)
                 if quant is None or leaf != "weight" or not (type(module) is nn.Linear or module is model.embed):
-                    plain[name] = read_tensor(f, info, dtype if info.dtype.is_floating_point else info.dtype, digest)
+                    plain[name] = read_tensor(f, info, dtype if info.dtype.is_floating_point else info.dtype, digest,
+                                              column_major=decode_layout and name == head)
                     continue
                 q = torch.empty(info.shape, dtype=torch.int8)
                 scale = torch.empty(info.shape[0], dtype=torch.float32)
@@ -216,9 +224,10 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
 
 
 def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                   quant: str | None = None) -> LoadedModel:
+                   quant: str | None = None, decode_layout: bool = False) -> LoadedModel:
     """Load a model directory in `dtype`, or with `quant` ("int8", CPU) its matmuls int8:
-    either way read straight into that form (`model_from_file`)."""
+    either way read straight into that form (`model_from_file`). `decode_layout` (CPU
+    inference): the LM head stored the way batch-1 decode reads it fastest."""
     root = Path(path)
     if not root.is_dir():
         raise not_a_model_dir(root)
@@ -228,7 +237,8 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     config, card = read_config(root)
     if quant is not None and torch.device(device).type != "cpu":
         raise ValueError("int8 weights are for fp32 models on the CPU; use --device cpu and no other dtype")
-    model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant)
+    decode_layout = decode_layout and torch.device(device).type == "cpu"
+    model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant, decode_layout=decode_layout)
     model = model.to(device=device).eval()
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
@@ -257,12 +267,12 @@ def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Pat
 
 
 def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, models_dir: Path | None = None, seed: int = 0,
-               quant: str | None = None) -> LoadedModel:
+               quant: str | None = None, decode_layout: bool = False) -> LoadedModel:
     """Load a model directory, or build a seeded, untrained model from a byte-vocab preset;
     `quant` ("int8"): its matmuls int8 (read straight into that form from a directory)."""
     path = resolve_model_path(name_or_path, models_dir)
     if path is not None:
-        return load_model_dir(path, device=device, dtype=dtype, quant=quant)
+        return load_model_dir(path, device=device, dtype=dtype, quant=quant, decode_layout=decode_layout)
     if name_or_path in PRESETS:
         config = PRESETS[name_or_path]
         tok = byte_level_tokenizer()

@@ -102,9 +102,21 @@ def blocks(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, block_bytes: int |
         yield r, raw if raw.dtype == dtype else raw.to(dtype)
 
 
-def read_tensor(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, digest: "Digest | None" = None) -> Tensor:
+def read_tensor(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, digest: "Digest | None" = None, *,
+                column_major: bool = False) -> Tensor:
     """The whole tensor as `dtype`: read straight into it when the file holds that dtype,
-    else converted block by block (one block of the file's dtype extra)."""
+    else converted block by block (one block of the file's dtype extra). `column_major`
+    (2-D only): the same values and shape, stored transposed (strides (1, rows)), filled
+    block by block so no second copy is made."""
+    if column_major and len(info.shape) == 2:
+        out = torch.empty(info.shape[::-1], dtype=dtype).t()
+        if digest is not None:
+            digest.begin(info.name, info.shape, dtype)
+        for r, block in blocks(f, info, dtype):
+            out[r : r + block.shape[0]] = block
+            if digest is not None:
+                digest.update(block)
+        return out
     out = torch.empty(info.shape, dtype=dtype)
     if info.dtype == dtype:
         f.seek(info.start)

@@ -75,3 +75,15 @@ def test_a_truncated_file_is_refused_before_reading(model_dir):
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(ModelLoadError, match="unreadable.*truncated"):
         load_model_dir(model_dir, quant="int8")
+
+
+def test_decode_layout_stores_the_tied_head_column_major_with_the_same_values(model_dir):
+    plain = load_model_dir(model_dir)
+    decode = load_model_dir(model_dir, decode_layout=True)
+    w = decode.model.embed.weight
+    assert w.shape == (CONFIG.vocab_size, CONFIG.d_model) and w.stride() == (1, CONFIG.vocab_size)
+    assert torch.equal(w, plain.model.embed.weight) and plain.model.embed.weight.is_contiguous()
+    assert decode.fingerprint == plain.fingerprint
+    ids = torch.randint(0, 264, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(decode.model(ids)[0], plain.model(ids)[0], rtol=1e-5, atol=1e-5)
