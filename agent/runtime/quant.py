@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized import dynamic as nnqd
-
-if TYPE_CHECKING:
-    from agent.runtime.checkpoint import LoadedModel
 
 QUANT_MODES = ("int8",)
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
@@ -107,8 +104,9 @@ def quantize_int8_(model: nn.Module) -> nn.Module:
     return model
 
 
-def quantize_loaded(lm: LoadedModel, mode: str) -> LoadedModel:
-    """Quantize a loaded fp32 CPU model in place; its fingerprint says how."""
+def quantize_loaded(lm: Any, mode: str) -> Any:
+    """Quantize a loaded fp32 CPU model (a `checkpoint.LoadedModel`, not imported here:
+    checkpoint imports this module) in place; its fingerprint says how."""
     if mode not in QUANT_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANT_MODES)}")
     if lm.model.embed.weight.device.type != "cpu" or lm.model.embed.weight.dtype != torch.float32:
