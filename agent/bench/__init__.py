@@ -59,6 +59,11 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_cpu1b(quick)
 
+    def llamacpp(quick: bool) -> dict[str, Any]:
+        from agent.bench.llamacpp import bench_llamacpp
+
+        return bench_llamacpp(quick)
+
     def serve(quick: bool) -> dict[str, Any]:
         from pathlib import Path
 
@@ -67,4 +72,4 @@ def registry() -> dict[str, BenchFn]:
         return run_pilot(PilotConfig.quick() if quick else PilotConfig(), Path("laplace-serve-report"))
 
     return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui,
-            "cpu1b": cpu1b, "serve": serve}
+            "cpu1b": cpu1b, "llamacpp": llamacpp, "serve": serve}

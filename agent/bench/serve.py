@@ -208,12 +208,10 @@ def compiled_vs_eager(model: str, db: Path, *, backend: str, width: int, session
     if backend == "none":
         return {"backend": "none", "skipped": "the server ran eager (--compile-backend none)"}
     from agent.runtime.device import parse_dtype
-    from agent.runtime.quant import QUANT_MODES, quantize_loaded
+    from agent.runtime.quant import QUANT_MODES
 
     quant = dtype if dtype in QUANT_MODES else None
-    lm = load_model(model, models_dir=models_dir, dtype=parse_dtype("float32" if quant else dtype))
-    if quant:
-        quantize_loaded(lm, quant)
+    lm = load_model(model, models_dir=models_dir, dtype=parse_dtype("float32" if quant else dtype), quant=quant)
     tok, template = lm.tokenizer, lm.template
     prefix, suffix = template.reply_prefix(tok), template.reply_suffix(tok)
     streams: list[tuple[list[int], list[int]]] = []

@@ -95,6 +95,7 @@ def bench(
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for serve: the model to serve (default tiny)."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: mamba2-130m (default) | tiny, then key=value overrides."),
     report_dir: str = typer.Option("laplace-serve-report", "--report-dir", help="serve: where report.md, report.json and the PNGs go."),
     rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
     duration: Optional[float] = typer.Option(None, "--duration", help="serve: seconds of arrivals per rate."),
@@ -133,6 +134,16 @@ def bench(
     elif chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
                                         compile_backend=None)
+    if shape is not None:
+        if chosen != ["llamacpp"]:
+            raise fail("--shape applies to the llamacpp benchmark only: laplace bench llamacpp --shape SHAPE")
+        from agent.bench.llamacpp import bench_llamacpp, parse_shape
+
+        try:
+            parse_shape(shape)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        benches["llamacpp"] = lambda q: bench_llamacpp(q, shape=shape)
     if model is not None:  # the flags are checked: now build the default if it is the one asked for
         from agent.cli.models import ensure_model
 

@@ -172,7 +172,7 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
     from agent.cli.models import ensure_model
     from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, load_model, resolve_model_path
     from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
-    from agent.runtime.quant import QUANT_MODES, quantize_loaded
+    from agent.runtime.quant import QUANT_MODES
 
     ensure_model(settings, spec)
     try:
@@ -180,11 +180,11 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
         model_id = spec if named else str(path.resolve())
         dev = resolve_device(device if device != "auto" else settings.device)
-        # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
+        # LAPLACE_DTYPE=int8: int8 weight-only matmuls (faster for big models on CPU), read
+        # straight from the file into that form.
         quant = settings.dtype if settings.dtype in QUANT_MODES else None
-        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
-        if quant:
-            quantize_loaded(lm, quant)
+        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir,
+                        quant=quant, decode_layout=True)
     except ModelLoadError as exc:
         hint = f" (remove {settings.models_dir / DEFAULT_MODEL} to build it again, or use -m demo)" if spec == DEFAULT_MODEL else ""
         raise _fail(f"{exc}{hint}") from None

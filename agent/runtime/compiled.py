@@ -87,6 +87,14 @@ class CompiledRunner(EagerRunner):
         logits, tensors = self._decode(ids, padded.tensors)
         return logits[:n], RecurrentState(tensors, state.n_tokens, state.meta).first_rows(n)
 
+    def step_(self, tokens: Tensor, state: RecurrentState) -> Tensor:
+        """`step`, its new state copied into `state` (the compiled graph is functional)."""
+        logits, new = self.step(tokens, state)
+        for name, t in new.tensors.items():
+            state.tensors[name].copy_(t)
+        state.n_tokens += 1
+        return logits
+
     def forward_segment(self, ids: Tensor, state: RecurrentState, lengths: Tensor | None) -> tuple[Tensor, RecurrentState]:
         b, length = ids.shape
         bucket = next((s for s in self.segment_buckets if s >= length), None)

@@ -7,7 +7,10 @@ PyPI package of that name is a placeholder that raises on import, and is never a
 from __future__ import annotations
 
 import importlib
+import os
+import time
 from functools import lru_cache
+from typing import Callable
 
 import torch
 
@@ -56,9 +59,43 @@ def resolve_device(request: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+FAST_BF16_SPEEDUP = 1.0  # bf16 counts as fast on a CPU when its matmul is at least as fast as fp32's
+
+
+def bf16_matmul_speedup(n: int = 256, repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:
+    """fp32 time / bf16 time of an n x n matmul on the CPU, each the best of `repeats`
+    (alternating, after one warm-up each). About 2 ms at n = 256. Whether bf16 is fast
+    depends on the CPU's instructions (AVX512_BF16, AMX) and on torch's kernels for
+    them, which no table of device types can know: so it is measured."""
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
+    pairs = {dtype: (a.to(dtype), a.t().contiguous().to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
+    best = {dtype: float("inf") for dtype in pairs}
+    for x, y in pairs.values():
+        x @ y
+    for _ in range(repeats):
+        for dtype, (x, y) in pairs.items():
+            t = clock()
+            x @ y
+            best[dtype] = min(best[dtype], clock() - t)
+    return best[torch.float32] / max(best[torch.bfloat16], 1e-12)
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_speedup() -> float:
+    """`bf16_matmul_speedup()`, measured once per process; LAPLACE_BF16_SPEEDUP pins it
+    instead (e.g. 0 keeps fp32 everywhere: the same numbers in every process and on every
+    machine, which the tests and a reproducible training run need)."""
+    pinned = os.environ.get("LAPLACE_BF16_SPEEDUP")
+    return float(pinned) if pinned else bf16_matmul_speedup()
+
+
 def has_fast_bf16(device: torch.device) -> bool:
-    """True where bf16 matmuls are fast (GPUs, Trainium). On this class of CPU they are ~50x slower."""
-    return device.type in ("cuda", "neuron")
+    """True where bf16 matmuls are fast: GPUs and Trainium, and a CPU where a short
+    measurement (`cpu_bf16_speedup`, once per process) finds them at least as fast as fp32.
+    Some CPUs run bf16 matmuls ~50x slower than fp32, others (AVX512_BF16) ~2x faster."""
+    if device.type in ("cuda", "neuron"):
+        return True
+    return device.type == "cpu" and cpu_bf16_speedup() >= FAST_BF16_SPEEDUP
 
 
 def matmul_dtype(device: torch.device) -> torch.dtype:

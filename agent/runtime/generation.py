@@ -53,9 +53,16 @@ class EagerRunner:
         return logits[:, -1], state
 
     def step(self, tokens: Tensor, state: RecurrentState) -> tuple[Tensor, RecurrentState]:
-        """tokens [B] -> (logits [B, vocab], state)."""
-        logits, state = self.model(tokens[:, None], state)
-        return logits[:, -1], state
+        """tokens [B] -> (logits [B, vocab], a new state); `state` is left as it was."""
+        new = RecurrentState({name: t.clone() for name, t in state.tensors.items()}, state.n_tokens)
+        return self.step_(tokens, new), new
+
+    def step_(self, tokens: Tensor, state: RecurrentState) -> Tensor:
+        """tokens [B] -> logits [B, vocab], folding them into `state` in place (the decode
+        loop's form: no new state per token). n_tokens counts one more, as `step`'s does."""
+        logits = self.model.step_(tokens, state)
+        state.n_tokens += 1
+        return logits
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], state: RecurrentState | None = None, progress: ProgressFn | None = None) -> tuple[Tensor, RecurrentState]:
@@ -83,7 +90,9 @@ class Generation:
 
     Iterating yields token ids. A stop token ends the turn and is not yielded (the caller
     folds the template's turn suffix). `state` has read every yielded token except possibly
-    the last; `finish()` folds that one too and returns the state matching `tokens`."""
+    the last; `finish()` folds that one too and returns the state matching `tokens`. The
+    state given is never changed: the first step copies it once, and decoding then updates
+    that copy in place."""
 
     runner: EagerRunner
     state: RecurrentState
@@ -97,8 +106,11 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     stop_reason: str | None = None  # "stop" | "stop_string" | "length" | "cancelled"
     _pending: int | None = None
+    _owned: bool = False  # `state` is this generation's own copy, stepped in place
+    _origin: RecurrentState | None = None  # the state given, never written
 
     def __post_init__(self) -> None:
+        self._origin = self.state
         if self.generator is None:
             self.generator = make_generator(self.opts.seed)
         if self.opts.stop and self.decode is None:
@@ -133,10 +145,27 @@ class Generation:
     def _fold_pending(self) -> None:
         if self._pending is not None:
             tok = torch.tensor([self._pending], dtype=torch.long, device=self.logits.device)
+            if not self._owned:
+                self.state, self._owned = self.state.clone(), True
             n = self.state.n_tokens
-            self.logits, self.state = self.runner.step(tok, self.state)
+            try:
+                self.logits = self.runner.step_(tok, self.state)
+            except BaseException:
+                # A step that fails (or is interrupted) part-way leaves some layers written:
+                # rebuild the state of the tokens folded before this one from the untouched
+                # given state, so no state ever disagrees with the tokens it claims to hold.
+                self._rebuild()
+                raise
             self.state.n_tokens = n + 1
             self._pending = None
+
+    def _rebuild(self) -> None:
+        folded = self.tokens[:-1]  # the pending token is the last one yielded
+        assert self._origin is not None
+        self.state, self._owned = self._origin, False
+        if folded:
+            self.logits, self.state = self.runner.prefill(folded, self._origin)
+            self._owned = True
 
     @torch.inference_mode()
     def finish(self) -> RecurrentState:
@@ -168,7 +197,7 @@ def generate_batch(
     # Prefill each prompt separately (peak memory stays per-segment), then join the rows.
     rows = [runner.prefill(p) for p in prompts]
     logits = torch.cat([r[0] for r in rows] + [rows[0][0].new_zeros(width - n, rows[0][0].shape[-1])])
-    state = RecurrentState.stack([r[1] for r in rows]).padded_to(width)
+    state = RecurrentState.stack([r[1] for r in rows]).padded_to(width)  # a new tensor: stepped in place
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
     for _ in range(opts.max_new_tokens):
@@ -182,5 +211,5 @@ def generate_batch(
                     out[i].append(t)
         if all(done):
             break
-        logits, state = runner.step(tokens.to(device), state)
+        logits = runner.step_(tokens.to(device), state)
     return out

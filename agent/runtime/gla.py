@@ -80,6 +80,27 @@ def gla_step(
     return o[:, None].to(v.dtype), S
 
 
+def gla_step_(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state: Tensor, scale: float | None = None) -> Tensor:
+    """One decode step written into `state` in place: the lean form of `gla_step` for the
+    decode loop (no new state tensor, no per-head copies of a shared key).
+
+    q, k: [B, G, K], G groups each serving H / G consecutive value heads (G = H: one each)
+    v: [B, H, V]    decay: [B, H] = exp(g)    state: [B, H, K, V] fp32, updated in place
+    returns o: [B, H, V] fp32
+
+        S <- decay * S + k^T v        o = (scale * q) S
+    """
+    B, G, K = q.shape
+    H, V = v.shape[1], v.shape[2]
+    f32 = lambda t: t if t.dtype == torch.float32 else t.float()  # noqa: E731  (no dispatch when it is)
+    S = state.view(B, G, H // G, K, V)
+    S.mul_(f32(decay).view(B, G, H // G, 1, 1))
+    S.addcmul_(f32(k).view(B, G, 1, K, 1), f32(v).view(B, G, H // G, 1, V))
+    scale = K**-0.5 if scale is None else scale
+    qs = f32(q) if scale == 1.0 else f32(q) * scale
+    return torch.matmul(qs.view(B, G, 1, 1, K), S).view(B, H, V)
+
+
 def gla_chunked(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, chunk_size: int = 128,
     scale: float | None = None,

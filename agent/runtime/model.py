@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla
+from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla, run_gla_step_
 from agent.runtime.ssd import SSDMixer
 from agent.runtime.state import RecurrentState
 from agent.runtime.window import WindowAttention
@@ -72,6 +72,22 @@ class GLAAttention(nn.Module):
         return self.o_proj(o), gla_state, conv_state
 
 
+    def step_(self, x: Tensor, gla_state: Tensor, conv_state: Tensor) -> Tensor:
+        """One decode token, both states updated in place: x [B, d_model] -> [B, d_model]."""
+        cfg = self.config
+        B = x.shape[0]
+        H = cfg.n_heads
+        c = conv_activation(cfg, self.conv.step_(x, conv_state))
+        q = self.q_proj(c).view(B, H, cfg.head_k_dim)
+        k = self.k_proj(c).view(B, H, cfg.head_k_dim)
+        v = self.v_proj(c).view(B, H, cfg.head_v_dim)
+        g = self.decay_tap(self.log_decay(c[:, None]))[:, 0]
+        o = run_gla_step_(cfg, q, k, v, g, gla_state).to(x.dtype)
+        o = self.head_norm(o).reshape(B, cfg.value_dim)
+        o = o * F.silu(self.gate_proj(x))
+        return self.o_proj(o)
+
+
 class Block(nn.Module):
     """Pre-norm residual block: the token mixer, then (unless ffn_dim is 0) a GLU."""
 
@@ -96,6 +112,24 @@ class Block(nn.Module):
         if self.ffn is not None:
             x = x + self.ffn(self.ffn_norm(x))
         return x, layer
+
+
+    def step_(self, x: Tensor, layer: dict[str, Tensor], pos: Tensor | None) -> Tensor:
+        """One decode token: x [B, d_model] -> [B, d_model], this layer's state slices
+        (views into the stacked state) written in place."""
+        h = self.attn_norm(x)
+        if isinstance(self.attn, WindowAttention):
+            # No lean form yet: the sequence form at T = 1, its new state copied back.
+            assert pos is not None
+            a, new = self.attn(h[:, None], layer, None, pos)
+            for name, t in new.items():
+                layer[name].copy_(t)
+            x = x + a[:, 0]
+        else:
+            x = x + self.attn.step_(h, layer["gla"], layer["conv"])
+        if self.ffn is not None:
+            x = x + self.ffn(self.ffn_norm(x))
+        return x
 
 
 class LaplaceModel(nn.Module):
@@ -192,6 +226,23 @@ class LaplaceModel(nn.Module):
         # Token counting is host-side bookkeeping; with padded rows the caller knows the count.
         n_tokens = state.n_tokens + (T if lengths is None else 0)
         return logits, RecurrentState(tensors, n_tokens)
+
+
+    def step_(self, tokens: Tensor, state: RecurrentState) -> Tensor:
+        """The lean decode step: tokens [B] -> logits [B, vocab], folding them into `state`
+        IN PLACE (its tensors are written, never replaced; n_tokens is the caller's). The
+        same numbers as `forward(tokens[:, None], state)` without its per-step restack of
+        the whole state; `forward` stays the reference it is tested against."""
+        x = self.embed(tokens)
+        pos = state.tensors.get("pos")
+        names = [name for name in state.tensors if name != "pos"]
+        for i, block in enumerate(self.blocks):
+            x = block.step_(x, {name: state.tensors[name][i] for name in names}, None if pos is None else pos[0])
+        h = self.norm(x)
+        logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed.weight.t()
+        if pos is not None:
+            pos.add_(1)
+        return logits
 
 
 def build_model(config: LaplaceConfig, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> LaplaceModel:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import ShortConv, conv_activation, gated_rmsnorm, mask_padding, run_gla
+from agent.runtime.layers import ShortConv, conv_activation, f32, gated_rmsnorm, mask_padding, run_gla, run_gla_step_
 
 
 class SSDMixer(nn.Module):
@@ -53,10 +53,10 @@ class SSDMixer(nn.Module):
     def log_decay(self, a: Tensor) -> tuple[Tensor, Tensor]:
         """(g, dt): dt = softplus(a + dt_bias) clamped, g = -exp(A_log) * dt; [B, T, H] fp32 each."""
         c = self.config
-        dt = F.softplus(a.float() + self.dt_bias.float())
+        dt = F.softplus(f32(a) + f32(self.dt_bias))
         if c.dt_min > 0.0 or c.dt_max is not None:
             dt = dt.clamp(min=c.dt_min, max=c.dt_max)
-        return -torch.exp(self.A_log.float()) * dt, dt
+        return -torch.exp(f32(self.A_log)) * dt, dt
 
     def resting_log_decay(self) -> Tensor:
         """g per head at a = 0 (the decay input's resting value): [H]."""
@@ -89,6 +89,30 @@ class SSDMixer(nn.Module):
         else:
             y = gated_rmsnorm(y, z, self.norm_weight, c.norm_groups, c.norm_eps)
         return self.out_proj(y), gla_state, conv_state
+
+    def step_(self, u: Tensor, gla_state: Tensor, conv_state: Tensor) -> Tensor:
+        """One decode token, both states updated in place: u [B, d_model] -> [B, d_model].
+        The same math as `forward` at T = 1 (tested against it), in fewer, larger ops."""
+        c = self.config
+        Bsz = u.shape[0]
+        H, G, K, V = c.n_heads, c.qk_heads, c.head_k_dim, c.head_v_dim
+        z, xbc, a = self.in_proj(u).split([c.value_dim, c.conv_dim, H], dim=-1)
+        xbc = conv_activation(c, self.conv.step_(xbc, conv_state))
+        x, b, cq = xbc.split([c.value_dim, c.key_dim, c.key_dim], dim=-1)
+        g, dt = self.log_decay(a)
+        g = self.decay_tap(g[:, None])[:, 0]  # hooks see [B, T, H], as from forward
+        x = x.reshape(Bsz, H, V)
+        v = x * (dt if x.dtype == torch.float32 else dt.to(x.dtype)).unsqueeze(-1) if c.v_times_dt else x
+        o = run_gla_step_(c, cq.reshape(Bsz, G, K), b.reshape(Bsz, G, K), v, g, gla_state)
+        o = o if o.dtype == x.dtype else o.to(x.dtype)
+        if self.D is not None:
+            o = torch.addcmul(o, x, (self.D if x.dtype == self.D.dtype else self.D.to(x.dtype)).unsqueeze(-1))
+        y = o.reshape(Bsz, c.value_dim)
+        if c.gate == "silu":
+            y = y * F.silu(z + self.z_bias.to(z.dtype))
+        else:
+            y = gated_rmsnorm(y, z, self.norm_weight, c.norm_groups, c.norm_eps)
+        return self.out_proj(y)
 
     @torch.no_grad()
     def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:

@@ -2,8 +2,8 @@
 
 Why not `torch.optim.Muon`: in torch 2.13 it always runs Newton-Schulz in bf16, which on
 CPUs without bf16 hardware is ~100x slower than fp32. Here the Newton-Schulz dtype comes
-from the device (`agent.runtime.device.matmul_dtype`: fp32 on such CPUs, bf16 on
-GPU/Trainium); with `ns_dtype=torch.bfloat16` every step matches `torch.optim.Muon`
+from the device (`agent.runtime.device.matmul_dtype`: bf16 on GPU/Trainium and on a CPU
+where a short timing finds bf16 matmuls at least as fast as fp32, else fp32); with `ns_dtype=torch.bfloat16` every step matches `torch.optim.Muon`
 bit for bit (tested). The iteration, its quintic coefficients and eps are torch's.
 
 The learning-rate scaling is explicit (`adjust_lr`): "match_rms_adamw" (Moonshot's

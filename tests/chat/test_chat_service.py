@@ -90,18 +90,20 @@ def test_consumer_walking_away_commits_the_partial_reply(make_service):
 def test_error_mid_reply_is_stored_and_the_session_recovers(make_service, monkeypatch):
     svc = make_service(max_new_tokens=20)
     svc.new_session()
-    real_step, calls = svc.runner.step, {"n": 0}
+    real_step, calls = svc.runner.step_, {"n": 0}
 
-    def flaky(tokens, state):
+    def flaky(tokens, state):  # decode steps the state in place: fail after writing part of it
         calls["n"] += 1
         if calls["n"] == 4:
+            state.tensors["gla"][0].add_(1.0)
             raise RuntimeError("device fell over")
         return real_step(tokens, state)
 
-    monkeypatch.setattr(svc.runner, "step", flaky)
+    monkeypatch.setattr(svc.runner, "step_", flaky)
     last = run(svc.send("hi"))[-1]
     assert last.turn.status == "error" and last.turn.content
-    monkeypatch.setattr(svc.runner, "step", real_step)
+    assert_state_matches_transcript(svc)  # the half-written step was not kept
+    monkeypatch.setattr(svc.runner, "step_", real_step)
     assert run(svc.send("still there?"))[-1].turn.status == "complete"
     assert_state_matches_transcript(svc)
 

@@ -60,7 +60,7 @@ def test_import_then_ask_probe_info_finetune(ckpt, tmp_path) -> None:
     res = laplace("bench", "cpu1b", "-m", "lb", "--out", str(tmp_path / "b.json"))
     assert res.exit_code == 0, res.output
     rows = json.loads((tmp_path / "b.json").read_text())["results"]["cpu1b"]["rows"]
-    assert [r["weights"] for r in rows] == ["fp32", "int8"] and all(r["tokens_per_s"] > 0 for r in rows)
+    assert [r["weights"] for r in rows] == ["fp32", "bf16", "int8"] and all(r["tokens_per_s"] > 0 for r in rows)
     assert laplace("bench", "decode", "-m", "lb").exit_code == 1
 
     data = tmp_path / "d.txt"

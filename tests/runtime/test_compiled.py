@@ -62,6 +62,9 @@ def test_compiled_matches_eager(model):
         le, se = eager.step(tok, st)
         torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(sc.gla, se.gla, rtol=1e-5, atol=1e-5)
+        s1, s2 = st.clone(), st.clone()  # the in-place form: the compiled graph's state copied back
+        torch.testing.assert_close(compiled.step_(tok, s1), eager.step_(tok, s2), rtol=1e-5, atol=1e-5)
+        assert s1.allclose(s2, rtol=1e-5, atol=1e-5) and s1.n_tokens == s2.n_tokens
 
 
 def test_bucket_limits_are_enforced(model):

@@ -1,0 +1,160 @@
+"""Reading `model.safetensors` tensor by tensor, in blocks of rows, into the form the model
+will run in (fp32, bf16 or int8), so the peak memory of a load is the final model plus one
+block: a quantized or bf16 model never exists in fp32 first, and an fp32 model is read
+straight into its own tensors (no second copy through a mapped file).
+
+Plain file reads, never a memory map: pages of a mapping a process has touched count in
+its resident set until it unmaps them, so mapping a 5.6 GB file to read it once would put
+5.6 GB in the peak whatever is kept. The header is parsed here (the safetensors format is
+an 8-byte length, a JSON header and the raw little-endian bytes); nothing is unpickled.
+
+While reading, the weights' digest is computed exactly as `checkpoint.weights_digest`
+would compute it over the model loaded in `digest_dtype` (tensors in name order, each as
+`name:shape:dtype` then its bytes), so a quantized model's fingerprint still derives from
+its fp32 weights without ever holding them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import torch
+from torch import Tensor
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
+BLOCK_BYTES = 32 << 20  # rows read at a time: about 32 MB
+
+
+class WeightsFormatError(ValueError):
+    """The file is not a readable safetensors file."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # absolute file offset of the first byte
+    nbytes: int
+
+
+def read_header(f: BinaryIO) -> dict[str, TensorInfo]:
+    """name -> TensorInfo of every tensor in a safetensors file opened for binary reading."""
+    head = f.read(8)
+    if len(head) != 8:
+        raise WeightsFormatError("file is shorter than a safetensors header")
+    n = int.from_bytes(head, "little")
+    try:
+        header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightsFormatError(f"safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise WeightsFormatError("safetensors header is not a JSON object")
+    out = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[spec["dtype"]]
+            shape = tuple(int(d) for d in spec["shape"])
+            a, b = (int(x) for x in spec["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise WeightsFormatError(f"safetensors entry {name!r} is malformed") from None
+        size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if b - a != size or a < 0:
+            raise WeightsFormatError(f"safetensors entry {name!r} holds {b - a} bytes, not the {size} its shape needs")
+        out[name] = TensorInfo(name, dtype, shape, 8 + n + a, size)
+    end = max((i.start + i.nbytes for i in out.values()), default=0)
+    have = os.fstat(f.fileno()).st_size
+    if end > have:
+        raise WeightsFormatError(f"file is truncated: its header needs {end} bytes, it has {have}")
+    return out
+
+
+def _readinto(f: BinaryIO, t: Tensor) -> None:
+    """Fill contiguous CPU tensor `t` with the next t.nbytes bytes of `f`."""
+    raw = t.view(-1).view(torch.uint8).numpy()
+    got = f.readinto(memoryview(raw))
+    if got != raw.nbytes:
+        raise WeightsFormatError(f"file ends early ({got} of {raw.nbytes} bytes)")
+
+
+def blocks(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, block_bytes: int | None = None) -> Iterator[tuple[int, Tensor]]:
+    """(first row, rows [r, D...] as `dtype`) over the tensor, about `block_bytes` (default
+    BLOCK_BYTES) of the file read at a time."""
+    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
+    rows = info.shape[0] if info.shape else 1
+    row_shape = info.shape[1:] if info.shape else ()
+    row_bytes = max(1, info.nbytes // max(rows, 1))
+    step = max(1, block_bytes // row_bytes)
+    f.seek(info.start)
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        raw = torch.empty((n, *row_shape), dtype=info.dtype)
+        _readinto(f, raw)
+        yield r, raw if raw.dtype == dtype else raw.to(dtype)
+
+
+def read_tensor(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, digest: "Digest | None" = None, *,
+                column_major: bool = False) -> Tensor:
+    """The whole tensor as `dtype`: read straight into it when the file holds that dtype,
+    else converted block by block (one block of the file's dtype extra). `column_major`
+    (2-D only): the same values and shape, stored transposed (strides (1, rows)), filled
+    block by block so no second copy is made."""
+    if column_major and len(info.shape) == 2:
+        out = torch.empty(info.shape[::-1], dtype=dtype).t()
+        if digest is not None:
+            digest.begin(info.name, info.shape, dtype)
+        for r, block in blocks(f, info, dtype):
+            out[r : r + block.shape[0]] = block
+            if digest is not None:
+                digest.update(block)
+        return out
+    out = torch.empty(info.shape, dtype=dtype)
+    if info.dtype == dtype:
+        f.seek(info.start)
+        _readinto(f, out)
+        if digest is not None:
+            digest.tensor(info.name, out)
+        return out
+    flat = out.view(info.shape[0] if info.shape else 1, -1)
+    for r, block in blocks(f, info, dtype):
+        flat[r : r + block.shape[0]] = block.reshape(block.shape[0], -1)
+    if digest is not None:
+        digest.tensor(info.name, out)
+    return out
+
+
+class Digest:
+    """`checkpoint.weights_digest`, fed tensor by tensor (and block by block) in name order."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def begin(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self._h.update(f"{name}:{shape}:{dtype}".encode())
+
+    def update(self, t: Tensor) -> None:
+        if t.numel():
+            self._h.update(t.contiguous().view(-1).view(torch.uint8).numpy())
+
+    def tensor(self, name: str, t: Tensor) -> None:
+        self.begin(name, tuple(t.shape), t.dtype)
+        self.update(t)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def stream(path: str | Path, order: list[str], infos: dict[str, TensorInfo], handle: Callable[[BinaryIO, TensorInfo], None]) -> None:
+    """Open the file once and call `handle(f, info)` for each name of `order`."""
+    with open(path, "rb") as f:
+        for name in order:
+            handle(f, infos[name])
