@@ -242,11 +242,25 @@ class PackedData:
         return torch.tensor(out, dtype=torch.long)
 
 
-def pack(docs: list[Document], seq_len: int, pad_id: int) -> PackedData:
+def pack(docs: list[Document], seq_len: int, pad_id: int, *, align: bool = False) -> PackedData:
     """Concatenate documents and cut rows of seq_len + 1 with stride seq_len; the tail row
-    is padded with `pad_id` (never a target)."""
-    ids = [i for d in docs for i in d.ids]
-    train = [t for d in docs for t in d.train]
+    is padded with `pad_id` (never a target).
+
+    With `align` (`--pack rows`) every document starts a row and is padded (never a target)
+    to the end of its last row, so no row reads the end of one document before the start of
+    another: a dialogue whose later answers depend on its earlier turns keeps them in the
+    row as long as it fits in seq_len (longer ones still run on into the next row)."""
+    if align:
+        ids, train = [], []
+        for d in docs:
+            n = len(d.ids)
+            fill = -n % seq_len
+            ids += d.ids + [pad_id] * fill
+            # The first token is the previous row's last label: the padding cannot predict it.
+            train += [False] + d.train[1:] + [False] * fill
+    else:
+        ids = [i for d in docs for i in d.ids]
+        train = [t for d in docs for t in d.train]
     if len(ids) < 2:
         raise DataError("the data has fewer than 2 tokens; nothing to learn")
     n_rows = max(1, -(-(len(ids) - 1) // seq_len))
