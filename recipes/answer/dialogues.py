@@ -8,6 +8,10 @@ writes DIR/train.jsonl (concepts of `concepts.TRAIN_CONCEPTS`) and DIR/eval.json
 held-out `EVAL_CONCEPTS` only). Every dialogue opens with an empty system turn, as a
 session of the chat service does, and stays short enough for one training row
 (`MAX_CHARS`), so a question never loses the statement it asks about to a row cut.
+
+Only the answers are learned: acknowledgements and small-talk replies carry `"weight": 0`
+(context, not targets). Trained on, they taught the model to answer requests with
+"Noted." and to reuse the canned small-talk lines (the first run's general-chat check).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from agent.probes.natural_text import make_value, say
 from recipes.answer.concepts import ACKS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept
 
 MAX_CHARS = 900  # sum of (content + 20) over messages: about 256 SmolLM2 tokens at most; train with --seq-len 256 --pack rows
-NOT_TOLD_SHARE = 0.4  # questions about a detail never given
+NOT_TOLD_SHARE = 0.3  # questions about a detail never given
 
 
 def _value(rng: random.Random, kind: str, taken: set[str]) -> str:
@@ -59,11 +63,12 @@ def dialogue(rng: random.Random, concepts: Sequence[TrainConcept]) -> list[dict[
         for _ in range(n):
             if talk:
                 u, a = talk.pop()
-                msgs.extend(({"role": "user", "content": u}, {"role": "assistant", "content": a}))
+                msgs.extend(({"role": "user", "content": u}, {"role": "assistant", "content": a, "weight": 0}))
 
     chat(rng.choice((0, 1)))
     for c, v in facts:
-        msgs.extend(({"role": "user", "content": say(rng.choice(c.statements), v)}, {"role": "assistant", "content": rng.choice(ACKS)}))
+        msgs.extend(({"role": "user", "content": say(rng.choice(c.statements), v)},
+                     {"role": "assistant", "content": rng.choice(ACKS), "weight": 0}))
         chat(rng.choice((0, 0, 1)))
     chat(rng.choice((0, 1, 2)))
     never = [c for c in concepts if c not in stated]

@@ -79,3 +79,15 @@ def test_every_reply_matches_what_was_said() -> None:
 def test_dialogues_are_seeded() -> None:
     assert dialogues(5, 1, TRAIN_CONCEPTS) == dialogues(5, 1, TRAIN_CONCEPTS)
     assert dialogues(5, 1, TRAIN_CONCEPTS) != dialogues(5, 2, TRAIN_CONCEPTS)
+
+
+def test_only_answers_are_targets() -> None:
+    """Acknowledgements and small talk are context (weight 0): trained on, they taught the
+    model to answer requests with "Noted." and canned lines."""
+    from recipes.answer.concepts import ACKS, SMALL_TALK
+
+    canned = set(ACKS) | {a for _, a in SMALL_TALK}
+    for msgs in dialogues(100, 4, TRAIN_CONCEPTS):
+        for m in msgs:
+            if m["role"] == "assistant":
+                assert (m.get("weight", 1) == 0) == (m["content"] in canned), m
