@@ -26,7 +26,9 @@ from agent.probes.natural_text import make_value, say
 from recipes.answer.concepts import ACKS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept
 
 MAX_CHARS = 900  # sum of (content + 20) over messages: about 256 SmolLM2 tokens at most; train with --seq-len 256 --pack rows
-NOT_TOLD_SHARE = 0.3  # questions about a detail never given
+NOT_TOLD_SHARE = 0.45  # questions about a detail never given
+ANCHOR_SHARE = 0.3  # with --anchors: dialogues that carry a request answered in the base model's words
+NEAR_SHARE = 0.7  # of those, how many ask a kind of detail that was given (a person's name, a number)
 
 
 def _value(rng: random.Random, kind: str, taken: set[str]) -> str:
@@ -73,9 +75,14 @@ def dialogue(rng: random.Random, concepts: Sequence[TrainConcept]) -> list[dict[
     chat(rng.choice((0, 1, 2)))
     never = [c for c in concepts if c not in stated]
     asks: list[tuple[TrainConcept, str | None]] = []
+    kinds = {c.kind for c in stated}
     for _ in range(rng.choice((1, 2, 2, 3))):
         if rng.random() < NOT_TOLD_SHARE and never:
-            asks.append((never.pop(rng.randrange(len(never))), None))
+            # Mostly a detail of a kind that *was* given: the value said for the sister is
+            # not the brother's name (the mistake the second run made on the probe).
+            near = [i for i, c in enumerate(never) if c.kind in kinds]
+            pick = rng.choice(near) if near and rng.random() < NEAR_SHARE else rng.randrange(len(never))
+            asks.append((never.pop(pick), None))
         else:
             asks.append(rng.choice(facts))
     for c, v in asks:
@@ -85,27 +92,55 @@ def dialogue(rng: random.Random, concepts: Sequence[TrainConcept]) -> list[dict[
     return msgs
 
 
+def anchored(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """A short dialogue in which an everyday request, between a stated detail and a question,
+    gets the base model's own reply (trained): requests are still answered as before, not
+    taken for questions about the conversation."""
+    c = rng.choice(concepts)
+    v = _value(rng, c.kind, set())
+    req, reply = rng.choice(anchors)
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": ""},
+                                  {"role": "user", "content": say(rng.choice(c.statements), v)},
+                                  {"role": "assistant", "content": rng.choice(ACKS), "weight": 0},
+                                  {"role": "user", "content": req}, {"role": "assistant", "content": reply}]
+    if rng.random() < 0.5:
+        msgs.extend(({"role": "user", "content": rng.choice(c.questions)}, {"role": "assistant", "content": say(rng.choice(c.answers), v)}))
+    else:
+        other = rng.choice([o for o in concepts if o is not c])
+        msgs.extend(({"role": "user", "content": rng.choice(other.questions)}, {"role": "assistant", "content": rng.choice(other.not_told)}))
+    return msgs
+
+
 def size(msgs: list[dict[str, str]]) -> int:
     """A tokenizer-free size (`MAX_CHARS`'s unit)."""
     return sum(len(m["content"]) + 20 for m in msgs)
 
 
-def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept]) -> list[list[dict[str, str]]]:
-    """`n` dialogues of at most `MAX_CHARS` (longer draws are dropped and drawn again)."""
+def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = ()) -> list[list[dict[str, Any]]]:
+    """`n` dialogues of at most `MAX_CHARS` (longer draws are dropped and drawn again); with
+    `anchors` ((request, base model's reply) pairs), `ANCHOR_SHARE` of them are `anchored`."""
     rng = random.Random(f"answer-dialogues/{seed}")
-    out: list[list[dict[str, str]]] = []
+    out: list[list[dict[str, Any]]] = []
     while len(out) < n:
-        msgs = dialogue(rng, concepts)
+        msgs = anchored(rng, concepts, anchors) if anchors and rng.random() < ANCHOR_SHARE else dialogue(rng, concepts)
         if size(msgs) <= MAX_CHARS:
             out.append(msgs)
     return out
 
 
-def write(out: Path, *, train: int, eval_n: int, seed: int) -> dict[str, Any]:
+def read_anchors(path: Path | None) -> list[tuple[str, str]]:
+    """(request, reply) pairs written by recipes/answer/teacher.py."""
+    if path is None:
+        return []
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return [(r["request"], r["reply"]) for r in rows]
+
+
+def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
-    for name, n, concepts, s in (("train", train, TRAIN_CONCEPTS, seed), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000)):
-        rows = dialogues(n, s, concepts)
+    for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
+        rows = dialogues(n, s, concepts, anc)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for msgs in rows:
                 f.write(json.dumps({"messages": msgs}) + "\n")
@@ -119,8 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--train", type=int, default=1200)
     ap.add_argument("--eval", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--anchors", type=Path, help="recipes/answer/teacher.py's replies.jsonl (the base model's own replies)")
     a = ap.parse_args(argv)
-    print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed)))
+    print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors))))
 
 
 if __name__ == "__main__":
