@@ -91,3 +91,17 @@ def test_only_answers_are_targets() -> None:
         for m in msgs:
             if m["role"] == "assistant":
                 assert (m.get("weight", 1) == 0) == (m["content"] in canned), m
+
+
+def test_anchor_requests_are_not_the_checks_prompts_and_are_trained() -> None:
+    from recipes.answer.check import PROMPTS
+    from recipes.answer.teacher import REQUESTS
+
+    assert not set(PROMPTS) & set(REQUESTS)
+    anchors = [("How do I fry an egg?", "Heat a pan, add oil, crack the egg and cook it for three minutes.")]
+    rows = dialogues(60, 2, TRAIN_CONCEPTS, anchors)
+    with_anchor = [m for m in rows if any(x["content"] == anchors[0][0] for x in m)]
+    assert 5 < len(with_anchor) < 40
+    for msgs in with_anchor:
+        i = next(i for i, x in enumerate(msgs) if x["content"] == anchors[0][0])
+        assert msgs[i + 1] == {"role": "assistant", "content": anchors[0][1]}  # trained (no weight 0)
