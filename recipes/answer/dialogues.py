@@ -39,7 +39,8 @@ def _value(rng: random.Random, kind: str, taken: set[str]) -> str:
     raise ValueError(f"no fresh value of kind {kind!r}")
 
 
-def dialogue(rng: random.Random, concepts: Sequence[TrainConcept]) -> list[dict[str, str]]:
+def dialogue(rng: random.Random, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
+             near_share: float = NEAR_SHARE) -> list[dict[str, Any]]:
     """One dialogue as chat messages."""
     k = rng.choice((1, 1, 2, 2, 3))
     first = rng.choice(concepts)
@@ -77,11 +78,11 @@ def dialogue(rng: random.Random, concepts: Sequence[TrainConcept]) -> list[dict[
     asks: list[tuple[TrainConcept, str | None]] = []
     kinds = {c.kind for c in stated}
     for _ in range(rng.choice((1, 2, 2, 3))):
-        if rng.random() < NOT_TOLD_SHARE and never:
+        if rng.random() < not_told and never:
             # Mostly a detail of a kind that *was* given: the value said for the sister is
             # not the brother's name (the mistake the second run made on the probe).
             near = [i for i, c in enumerate(never) if c.kind in kinds]
-            pick = rng.choice(near) if near and rng.random() < NEAR_SHARE else rng.randrange(len(never))
+            pick = rng.choice(near) if near and near_share > 0 and rng.random() < near_share else rng.randrange(len(never))
             asks.append((never.pop(pick), None))
         else:
             asks.append(rng.choice(facts))
@@ -116,13 +117,15 @@ def size(msgs: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) + 20 for m in msgs)
 
 
-def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = ()) -> list[list[dict[str, Any]]]:
+def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
+              not_told: float = NOT_TOLD_SHARE, near_share: float = NEAR_SHARE, anchor_share: float = ANCHOR_SHARE) -> list[list[dict[str, Any]]]:
     """`n` dialogues of at most `MAX_CHARS` (longer draws are dropped and drawn again); with
-    `anchors` ((request, base model's reply) pairs), `ANCHOR_SHARE` of them are `anchored`."""
+    `anchors` ((request, base model's reply) pairs), `anchor_share` of them are `anchored`."""
     rng = random.Random(f"answer-dialogues/{seed}")
     out: list[list[dict[str, Any]]] = []
     while len(out) < n:
-        msgs = anchored(rng, concepts, anchors) if anchors and rng.random() < ANCHOR_SHARE else dialogue(rng, concepts)
+        msgs = (anchored(rng, concepts, anchors) if anchors and rng.random() < anchor_share
+                else dialogue(rng, concepts, not_told=not_told, near_share=near_share))
         if size(msgs) <= MAX_CHARS:
             out.append(msgs)
     return out
@@ -136,11 +139,11 @@ def read_anchors(path: Path | None) -> list[tuple[str, str]]:
     return [(r["request"], r["reply"]) for r in rows]
 
 
-def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), **mix: float) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
-        rows = dialogues(n, s, concepts, anc)
+        rows = dialogues(n, s, concepts, anc, **mix)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for msgs in rows:
                 f.write(json.dumps({"messages": msgs}) + "\n")
@@ -155,8 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--anchors", type=Path, help="recipes/answer/teacher.py's replies.jsonl (the base model's own replies)")
+    ap.add_argument("--not-told-share", type=float, default=NOT_TOLD_SHARE)
+    ap.add_argument("--near-share", type=float, default=NEAR_SHARE)
+    ap.add_argument("--anchor-share", type=float, default=ANCHOR_SHARE)
     a = ap.parse_args(argv)
-    print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors))))
+    print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
+                           not_told=a.not_told_share, near_share=a.near_share, anchor_share=a.anchor_share)))
 
 
 if __name__ == "__main__":
