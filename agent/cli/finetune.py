@@ -21,6 +21,8 @@ from agent.cli.errors import fail as _fail
 from agent.cli.store import settings_of
 from agent.settings import Settings
 
+DEFAULT_LORA_TARGETS = "v_proj,o_proj,w1,w2,w3"  # agent.train.lora.DEFAULT_TARGETS (not imported: it pulls in torch)
+
 
 
 def record_run(settings: Settings, summary: dict[str, Any]) -> None:
@@ -59,7 +61,11 @@ def finetune_command(
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Steps between numbered checkpoints, OUT/step-NNNNNN (default: only at the end)."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop at this step with a checkpoint to --resume; the schedule stays that of --steps."),
     keep: int = typer.Option(3, "--keep", help="Numbered checkpoints to keep (the newest)."),
-    tune: str = typer.Option("all", "--tune", help="all: every weight | state: only a learned initial state."),
+    tune: str = typer.Option("all", "--tune", help="all: every weight | state: only a learned initial state | lora: low-rank adapters, saved as OUT/delta.safetensors beside the merged model."),
+    lora_rank: int = typer.Option(8, "--lora-rank", help="--tune lora: adapter rank."),
+    lora_alpha: float = typer.Option(16.0, "--lora-alpha", help="--tune lora: the update is alpha / rank * B A."),
+    lora_targets: str = typer.Option(DEFAULT_LORA_TARGETS, "--lora-targets", help="--tune lora: comma-separated linears to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, w1, w2, w3)."),
+    pack: str = typer.Option("stream", "--pack", help="stream: documents run on across rows | rows: each document starts a row (padding is never trained)."),
     on_bad: str = typer.Option("skip", "--on-bad", help="skip | error: what to do with bad data records."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: settings)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (GPU/Trainium only)."),
@@ -82,7 +88,8 @@ def finetune_command(
             batch_tokens=batch_tokens, micro_batch=micro_batch, lr=lr, muon_lr=muon_lr, adamw_lr=adamw_lr,
             weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, optimizer=optimizer,
             eval=tuple(str(e) for e in eval_data or ()), eval_every=eval_every, resume=str(resume) if resume else None,
-            save_every=save_every, stop_after=stop_after, keep=keep, tune=tune, on_bad=on_bad, device=device or settings.device,
+            save_every=save_every, stop_after=stop_after, keep=keep, tune=tune, lora_rank=lora_rank, lora_alpha=lora_alpha,
+            lora_targets=lora_targets, pack=pack, on_bad=on_bad, device=device or settings.device,
             dtype=dtype, seed=seed, distributed=distributed,
         )
     except TrainConfigError as exc:
@@ -126,7 +133,7 @@ def _launch_torchrun(cfg: Any, nproc: int, settings: Settings) -> None:
 
 def _print_summary(s: dict[str, Any]) -> None:
     ev = f", eval loss {s['eval_loss_start']:.4f} -> {s['eval_loss']:.4f}" if s.get("eval_loss") is not None and s.get("eval_loss_start") is not None else ""
-    what = "initial state" if s["tune"] == "state" else "model"
+    what = {"state": "initial state", "lora": "LoRA delta (delta.safetensors) and merged model"}.get(s["tune"], "model")
     loss = f"loss {s['final_loss']:.4f}" if s.get("final_loss") is not None else "no new steps"
     if s.get("completed", True):
         typer.echo(f"trained {s['steps']} steps, {s['tokens']:,} tokens, {loss}{ev}; {what} saved in {s['out']}")

@@ -11,9 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from agent.train.lora import DEFAULT_TARGETS, LORA_TARGETS
 from agent.train.optim import SCHEDULES
 
-TUNE_CHOICES = ("all", "state")
+TUNE_CHOICES = ("all", "state", "lora")
+PACK_CHOICES = ("stream", "rows")
+DEFAULT_LORA_TARGETS = ",".join(DEFAULT_TARGETS)
 OPTIMIZER_CHOICES = ("muon", "adamw")
 LR_RANGE = (1e-7, 1.0)
 
@@ -43,6 +46,10 @@ class TrainConfig:
     clip: float = 1.0
     optimizer: str = "muon"
     tune: str = "all"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: str = DEFAULT_LORA_TARGETS  # comma-separated linear names (agent.train.lora.LORA_TARGETS)
+    pack: str = "stream"  # stream: documents run on across rows | rows: each document starts a row
     eval: tuple[str, ...] = ()
     eval_every: int | None = None  # default: 10 evals per run
     eval_rows: int = 64
@@ -61,7 +68,7 @@ class TrainConfig:
             raise TrainConfigError("give at least one data file or folder")
         if (self.steps is None) == (self.tokens is None):
             raise TrainConfigError("give exactly one of --steps or --tokens")
-        for name in ("steps", "tokens", "seq_len", "batch_tokens", "micro_batch", "eval_every", "save_every", "stop_after", "keep", "warmup"):
+        for name in ("steps", "tokens", "seq_len", "batch_tokens", "micro_batch", "eval_every", "save_every", "stop_after", "keep", "warmup", "lora_rank"):
             value = getattr(self, name)
             if value is not None and (value <= 0 if name != "warmup" else value < 0):
                 raise TrainConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -75,13 +82,25 @@ class TrainConfig:
             raise TrainConfigError(f"--clip must be >= 0 (0 disables clipping), got {self.clip}")
         if not 0 < self.decay_fraction <= 1:
             raise TrainConfigError(f"--decay-fraction must be in (0, 1], got {self.decay_fraction}")
-        choices = {"schedule": SCHEDULES, "tune": TUNE_CHOICES, "optimizer": OPTIMIZER_CHOICES, "on_bad": ("skip", "error"),
+        choices = {"schedule": SCHEDULES, "tune": TUNE_CHOICES, "pack": PACK_CHOICES, "optimizer": OPTIMIZER_CHOICES, "on_bad": ("skip", "error"),
                    "muon_adjust": ("match_rms_adamw", "original", "none"), "dtype": ("float32", "fp32", "bfloat16", "bf16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise TrainConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if self.tune == "state" and self.distributed:
             raise TrainConfigError("--tune state trains one small tensor; run it in a single process (without --distributed)")
+        if self.tune == "lora":
+            if self.distributed:
+                raise TrainConfigError("--tune lora trains small adapters; run it in a single process (without --distributed)")
+            bad = [t for t in self.lora_target_names if t not in LORA_TARGETS]
+            if bad or not self.lora_target_names:
+                raise TrainConfigError(f"--lora-targets {self.lora_targets!r}: choose from {', '.join(LORA_TARGETS)}")
+            if self.lora_alpha <= 0:
+                raise TrainConfigError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+
+    @property
+    def lora_target_names(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
 
     @property
     def muon_base_lr(self) -> float:

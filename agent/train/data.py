@@ -8,7 +8,8 @@ Formats, by file extension (folders are walked, sorted, and their other files ig
   (`{"format": "laplace.session.v1", "messages": [...]}`), or a list of records.
 
 Chat is rendered with the model's ChatTemplate; the loss covers assistant content and its
-end token only. Messages whose `status` is not "complete" (cancelled replies in session
+end token only, and not that of an assistant message with `"weight": 0` (as in OpenAI's
+chat fine-tuning format: a reply kept as context, not learned). Messages whose `status` is not "complete" (cancelled replies in session
 exports) are dropped. A bad record is reported with its file and line and either skipped
 (`on_bad="skip"`) or rejected before any training starts (`on_bad="error"`).
 
@@ -125,9 +126,11 @@ def encode_chat(messages: Any, tok: Tokenizer, template: ChatTemplate) -> Docume
             raise ValueError(f"message {i} needs string 'role' and 'content'")
         if m["role"] not in template.roles:
             raise ValueError(f"message {i} has unknown role {m['role']!r} (expected {', '.join(template.roles)})")
+        if m.get("weight", 1) not in (0, 1):
+            raise ValueError(f"message {i} has weight {m['weight']!r}; a message's weight is 0 (context only) or 1")
         if m.get("status", "complete") == "complete":
             kept.append(m)
-    if not any(m["role"] == "assistant" for m in kept):
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in kept):
         raise ValueError("no complete assistant message to learn from")
     ids: list[int] = []
     train: list[bool] = []
@@ -137,7 +140,7 @@ def encode_chat(messages: Any, tok: Tokenizer, template: ChatTemplate) -> Docume
         body = tok.encode(m["content"])
         tail = template.close_ids(tok, m["role"])
         ids += head + body + tail
-        if m["role"] == "assistant":
+        if m["role"] == "assistant" and m.get("weight", 1):
             # The opening is given, not learned; the closing is learned up to its stop token.
             end = next((j + 1 for j, t in enumerate(tail) if t in stops), len(tail))
             train += [False] * len(head) + [True] * (len(body) + end) + [False] * (len(tail) - end)
@@ -242,11 +245,25 @@ class PackedData:
         return torch.tensor(out, dtype=torch.long)
 
 
-def pack(docs: list[Document], seq_len: int, pad_id: int) -> PackedData:
+def pack(docs: list[Document], seq_len: int, pad_id: int, *, align: bool = False) -> PackedData:
     """Concatenate documents and cut rows of seq_len + 1 with stride seq_len; the tail row
-    is padded with `pad_id` (never a target)."""
-    ids = [i for d in docs for i in d.ids]
-    train = [t for d in docs for t in d.train]
+    is padded with `pad_id` (never a target).
+
+    With `align` (`--pack rows`) every document starts a row and is padded (never a target)
+    to the end of its last row, so no row reads the end of one document before the start of
+    another: a dialogue whose later answers depend on its earlier turns keeps them in the
+    row as long as it fits in seq_len (longer ones still run on into the next row)."""
+    if align:
+        ids, train = [], []
+        for d in docs:
+            n = len(d.ids)
+            fill = -n % seq_len
+            ids += d.ids + [pad_id] * fill
+            # The first token is the previous row's last label: the padding cannot predict it.
+            train += [False] + d.train[1:] + [False] * fill
+    else:
+        ids = [i for d in docs for i in d.ids]
+        train = [t for d in docs for t in d.train]
     if len(ids) < 2:
         raise DataError("the data has fewer than 2 tokens; nothing to learn")
     n_rows = max(1, -(-(len(ids) - 1) // seq_len))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, save_model_dir
+from agent.runtime.delta import read_delta, write_delta
 from agent.runtime.device import has_fast_bf16, parse_dtype, resolve_device
 from agent.runtime.model import build_model
 from agent.runtime.state import tensor_bytes
@@ -32,9 +33,11 @@ from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
+from agent.train.lora import LoRALinear, attach_lora, load_lora_delta, lora_delta, merged_state_dict
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
 METRICS_FILE = "metrics.jsonl"
+LORA_DELTA_FILE = "delta.safetensors"  # --tune lora: the adapters as a "lora" delta (agent/runtime/delta.py)
 SUMMARY_FILE = "summary.json"
 
 
@@ -97,12 +100,13 @@ class Trainer:
             self.log(f"... and {len(report.bad) - 20} more bad records")
         self.data_report = report
         pad = pad_token(base.tokenizer)
-        self.data = pack(docs, self.seq_len, pad)
+        align = cfg.pack == "rows"
+        self.data = pack(docs, self.seq_len, pad, align=align)
         self.data_digest = hashlib.sha256(tensor_bytes(self.data.tokens)).hexdigest()
         self.eval_data: PackedData | None = None
         if cfg.eval:
             eval_docs, _ = load_documents(list(cfg.eval), base.tokenizer, base.template, on_bad=cfg.on_bad)
-            self.eval_data = pack(eval_docs, self.seq_len, pad)
+            self.eval_data = pack(eval_docs, self.seq_len, pad, align=align)
         self.log(f"data: {report.summary()} -> {len(self.data)} sequences of {self.seq_len}")
 
         self.resume_doc: dict[str, Any] | None = None
@@ -119,19 +123,30 @@ class Trainer:
 
     def _build_model(self) -> None:
         cfg = self.cfg
-        if cfg.tune == "all":
+        self.adapters: dict[str, LoRALinear] = {}
+        if cfg.tune == "lora":
+            model = self._private_copy()
+            self.adapters = attach_lora(model, targets=cfg.lora_target_names, rank=cfg.lora_rank, alpha=cfg.lora_alpha, seed=cfg.seed)
+            if self.resume_doc is not None:
+                tensors, _ = read_delta(self.resume_dir / LORA_DELTA_FILE)  # type: ignore[operator]
+                load_lora_delta(self.adapters, tensors)
+            model = model.to(self.device).train()
+            self.initial = None
+            trainable: nn.Module = model
+            # AdamW for the adapters: they are not block matrices (agent.runtime.params), and
+            # B starts at zero, where Muon's orthogonalized step has no scale to follow.
+            split = split_parameters(model, use_muon=cfg.optimizer == "muon")
+            names = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        elif cfg.tune == "all":
             if self.resume_doc is not None:
                 model = load_model_dir(self.resume_dir, device="cpu").model  # type: ignore[arg-type]
             else:
-                # A private fp32 copy: the caller's base model stays untouched.
-                model = build_model(self.base.config, device="meta")
-                weights = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.base.model.state_dict().items()}
-                model.load_state_dict(weights, strict=True, assign=True)
+                model = self._private_copy()
             model = model.to(self.device).train()
             self.initial: InitialState | None = None
             if self.info.enabled:
                 model = shard_model(model, self.info)
-            trainable: nn.Module = model
+            trainable = model
             split = split_parameters(model, use_muon=cfg.optimizer == "muon")
             names = dict(model.named_parameters())
         else:
@@ -162,7 +177,18 @@ class Trainer:
             self.log(f"resumed {self.resume_dir} at step {self.start_step} ({self.tokens_seen:,} tokens); learning rates from this command line")
             if cfg.stop_after is not None and cfg.stop_after <= self.start_step:
                 raise TrainConfigError(f"--stop-after {cfg.stop_after} is not after the resumed step {self.start_step}; give a later step")
-        self.log(split.describe())
+        if cfg.tune == "lora":
+            self.log(f"LoRA: {split.adamw_numel:,} adapter parameters (rank {cfg.lora_rank} on {len(self.adapters)} linears: "
+                     f"{cfg.lora_targets}) trained with AdamW; the base weights are frozen")
+        else:
+            self.log(split.describe())
+
+    def _private_copy(self) -> nn.Module:
+        """A private fp32 copy of the base model: the caller's model stays untouched."""
+        model = build_model(self.base.config, device="meta")
+        weights = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.base.model.state_dict().items()}
+        model.load_state_dict(weights, strict=True, assign=True)
+        return model
 
     # ---- steps --------------------------------------------------------------------------
 
@@ -262,7 +288,16 @@ class Trainer:
         card = {**self.base.card, "name": self.out.name, "base": self.base.name, "base_fingerprint": self.base_fingerprint,
                 "finetune_steps": step, "finetune_tokens": self.tokens_seen, "trained": True}
         card.pop("synthesized_parameters", None)  # an import's made-up constants are trained from here on
-        if cfg.tune == "all":
+        if cfg.tune == "lora":
+            # The delta is the product; the merged model beside it keeps OUT loadable as is.
+            plain = build_model(self.base.config, device="meta")
+            plain.load_state_dict(merged_state_dict(self.model, self.adapters), strict=True, assign=True)
+            save_model_dir(LoadedModel(plain, self.base.tokenizer, self.base.template, name=self.out.name), target,
+                           card={**card, "lora": {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_target_names)}})
+            write_delta(target / LORA_DELTA_FILE, lora_delta(self.adapters), "lora",
+                        {"base": self.base.name, "base_fingerprint": self.base_fingerprint, "rank": str(cfg.lora_rank),
+                         "alpha": str(cfg.lora_alpha), "targets": cfg.lora_targets, "steps": str(step)})
+        elif cfg.tune == "all":
             weights = ckpt.full_state_dict(self.model)
             if self.info.is_main:
                 plain = build_model(self.base.config, device="meta")

@@ -87,3 +87,15 @@ def test_distributed_flag_runs_torchrun(tmp_path: Path, text_dir: Path) -> None:
     assert r.exit_code == 0, r.output
     assert json.loads((out / "summary.json").read_text())["world"] == 2
     assert load_model(str(out)).card["finetune_steps"] == 2
+
+
+def test_finetune_tune_lora_from_the_command_line(tmp_path: Path, chat_file: Path) -> None:
+    out = tmp_path / "lora"
+    r = _invoke(str(chat_file), *BASE, "--out", str(out), "--steps", "2", "--tune", "lora", "--lora-rank", "2",
+                "--lora-targets", "o_proj", "--pack", "rows")
+    assert r.exit_code == 0, r.output
+    assert "LoRA delta" in r.output and (out / "delta.safetensors").is_file()
+    bad = _invoke(str(chat_file), *BASE, "--out", str(tmp_path / "x"), "--steps", "2", "--tune", "lora", "--lora-targets", "embed")
+    assert bad.exit_code != 0 and "--lora-targets" in bad.output
+    cfg = TrainConfig(data=(str(chat_file),), out=str(out), steps=2, tune="lora", lora_rank=4, lora_alpha=4.0, lora_targets="w2", pack="rows")
+    assert parse_config(config_to_argv(cfg))[0] == cfg

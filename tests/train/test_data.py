@@ -91,3 +91,18 @@ def test_row_order_is_a_function_of_step_and_covers_each_epoch() -> None:
     assert sorted(first.tolist()) == list(range(10))
     assert torch.equal(data.row_order(3, 5, seed=3), data.row_order(3, 5, seed=3))
     assert not torch.equal(data.row_order(0, 5, seed=3), data.row_order(0, 5, seed=4))
+
+
+def test_weight_zero_keeps_an_assistant_reply_as_context_only() -> None:
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Noted.", "weight": 0},
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "Answer."}]
+    doc = encode_chat(msgs, TOK, TPL)
+    plain = encode_chat([{k: v for k, v in m.items() if k != "weight"} for m in msgs], TOK, TPL)
+    assert doc.ids == plain.ids  # the reply is still read
+    trained = TOK.decode([i for i, t in zip(doc.ids, doc.train) if t])
+    assert "Answer." in trained and "Noted." not in trained
+    assert sum(plain.train) > sum(doc.train)
+    with pytest.raises(ValueError, match="no complete assistant message"):
+        encode_chat(msgs[:2], TOK, TPL)
+    with pytest.raises(ValueError, match="weight"):
+        encode_chat([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0.5}], TOK, TPL)

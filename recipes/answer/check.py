@@ -1,0 +1,107 @@
+"""Does the answer delta leave general chat alone? Loss on plain text and on the base
+model's own chat replies, before and after the delta, and both models' replies side by side.
+
+    python -m recipes.answer.check -m MODEL_DIR --delta DELTA [--out report.json]
+
+Plain text: the standard library's docstrings (recipes/hybrid/text.py), 1,024 tokens.
+Chat: `PROMPTS` (none of them in the training dialogues) answered greedily by the base
+model; the loss of those same replies under the tuned model says how far it drifted from
+the base model's own words (the base's loss on its greedy replies is low by construction,
+so compare the two numbers as a drift, not as quality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from agent.probes.engine import greedy_rows
+from agent.runtime.checkpoint import LoadedModel, load_model_dir
+from agent.runtime.delta import apply_delta, read_delta
+from recipes.hybrid.text import stdlib_text
+
+PROMPTS = (
+    "Write a haiku about autumn leaves.",
+    "How do I make a good cup of tea?",
+    "Explain what a black hole is in two sentences.",
+    "Give me three tips for a job interview.",
+    "What is the boiling point of water at sea level?",
+    "Translate 'thank you very much' into Spanish.",
+    "Write a short email telling my team the meeting is cancelled.",
+    "What are the primary colors?",
+    "Suggest a name for a small bakery.",
+    "Why is the sky blue?",
+    "List four fruits that are high in vitamin C.",
+    "How many legs does a spider have?",
+)
+REPLY_TOKENS = 64
+TEXT_TOKENS = 1024
+
+
+def _prefix(lm: LoadedModel, prompt: str) -> list[int]:
+    tok, t = lm.tokenizer, lm.template
+    return t.message(tok, "system", "", first=True) + t.message(tok, "user", prompt) + t.reply_prefix(tok)
+
+
+@torch.inference_mode()
+def replies(lm: LoadedModel) -> list[list[int]]:
+    model = lm.model.eval()
+    prompts = [_prefix(lm, p) for p in PROMPTS]
+    return greedy_rows(model, model.new_state(len(prompts)), prompts, REPLY_TOKENS, lm.template.stop_ids(lm.tokenizer))
+
+
+@torch.inference_mode()
+def nll(lm: LoadedModel, context: list[int], target: list[int]) -> tuple[float, int]:
+    """Summed negative log-likelihood of `target` after `context`, and its token count."""
+    ids = torch.tensor([context + target])
+    logits, _ = lm.model(ids[:, :-1], lm.model.new_state(1))
+    tail = logits[0, len(context) - 1 :].float()
+    return float(F.cross_entropy(tail, ids[0, len(context) :], reduction="sum")), len(target)
+
+
+def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list[int]) -> dict[str, float]:
+    tot, n = 0.0, 0
+    for ctx, rep in chats:
+        s, k = nll(lm, ctx, rep)
+        tot, n = tot + s, n + k
+    bos = lm.template.bos_ids(lm.tokenizer)
+    s, k = nll(lm, bos or text[:1], text if bos else text[1:])
+    return {"chat_loss": tot / n, "chat_ppl": math.exp(tot / n), "text_loss": s / k, "text_ppl": math.exp(s / k)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True, help="base model directory")
+    ap.add_argument("--delta", required=True, help="delta safetensors (agent/runtime/delta.py)")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    lm = load_model_dir(a.model)
+    text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
+    base_replies = replies(lm)
+    chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
+    before = losses(lm, chats, text)
+    tensors, fmt = read_delta(a.delta)
+    apply_delta(lm.model, tensors, fmt)
+    after = losses(lm, chats, text)
+    tuned_replies = replies(lm)
+    dec = lm.tokenizer.decode
+    report: dict[str, Any] = {
+        "model": a.model, "delta": a.delta, "before": before, "after": after,
+        "samples": [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)],
+    }
+    if a.out:
+        a.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    print(json.dumps({"before": before, "after": after}, indent=2))
+    for s in report["samples"]:
+        print(f"\n> {s['prompt']}\n  base : {s['base']!r}\n  tuned: {s['tuned']!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""What the model does when asked for a detail from the conversation: `laplace probe
+natural`'s own conversations (held-out concepts, phrasings and values), every reply kept
+and sorted into answered / says not told / deflects / other.
+
+    python -m recipes.answer.measure -m MODEL_DIR [--delta DELTA] [--distance 0] [--trials 26] [--out r.json]
+
+The trials are exactly those of `laplace probe natural --distances D --trials N --seed 0
+--refresh off`, so its recall and "not told" columns are reproduced here; this adds the
+split of the wrong replies, which the probe lumps together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from agent.probes.natural import _ask, _read, build_conversation, plan, score_absent, score_stated
+from agent.runtime.checkpoint import load_model_dir
+from agent.runtime.delta import apply_delta, read_delta
+
+# A reply that declines or talks about itself instead of using the conversation.
+DEFLECT = re.compile(r"\b(as an? (ai|chatbot|language model)|i('m| am) (an ai|a chatbot|not able|unable|not equipped|sorry)|"
+                     r"i (can(no|')t|do not have|don'?t have) (access|the ability|personal|information)|not sure)", re.I)
+
+
+def kind(reply: str, verdict: str) -> str:
+    if verdict in ("recalled", "not_told", "refused"):
+        return verdict
+    return "deflects" if DEFLECT.search(reply) else verdict
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--delta")
+    ap.add_argument("--distance", type=int, default=0)
+    ap.add_argument("--trials", type=int, default=26)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    lm = load_model_dir(a.model)
+    if a.delta:
+        apply_delta(lm.model, *read_delta(a.delta))
+    convs = [build_conversation(lm, c, a.seed, a.distance, t) for t, c in enumerate(plan(a.seed, a.distance, a.trials))]
+    replies, _, _ = _ask(lm, _read(lm, convs), convs, None)
+    rows = []
+    for c, (stated, absent) in zip(convs, replies):
+        rows.append({"concept": c.concept.name, "value": c.value, "question": c.question, "reply": stated,
+                     "kind": kind(stated, score_stated(stated, c.value)),
+                     "absent_question": c.absent_question, "absent_reply": absent, "absent_kind": kind(absent, score_absent(absent))})
+    n = len(rows)
+    stated_counts = Counter(r["kind"] for r in rows)
+    absent_counts = Counter(r["absent_kind"] for r in rows)
+    summary = {"model": a.model, "delta": a.delta, "distance": a.distance, "trials": n,
+               "stated": {k: v / n for k, v in sorted(stated_counts.items())},
+               "never_stated": {k: v / n for k, v in sorted(absent_counts.items())}}
+    if a.out:
+        a.out.write_text(json.dumps({**summary, "rows": rows}, indent=2), encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
