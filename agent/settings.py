@@ -1,5 +1,8 @@
 """Settings read from the environment once, at the CLI's edge, and passed down explicitly.
 
+`laplace`'s root callback (agent/cli/__init__.py) calls `Settings.from_env()`, the only call
+outside tests; every command takes the result from its Typer context (`cli.store.settings_of`).
+
 Laplace's own settings are read only here: tests build a `Settings` with a temporary home
 instead of mutating globals. The exceptions are not laplace settings: distributed training
 reads `WORLD_SIZE` (set by torchrun) in agent/train, and `laplace chat` / `ask` on a Neuron device
@@ -20,6 +23,10 @@ def _default_home() -> Path:
     return Path(user_data_dir("laplace", appauthor=False))
 
 
+class SettingsError(ValueError):
+    """An environment variable laplace cannot use; the message names the fix."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """Where data lives and which device and dtype the runtime should use."""
@@ -38,8 +45,14 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Raises SettingsError for a LAPLACE_HOME that is set but empty: that is most often
+        a variable that did not expand (`LAPLACE_HOME=$TMPDIR/x` with no TMPDIR...), meant
+        to keep data apart, so quietly using the real data directory would be the surprise."""
         env = os.environ if environ is None else environ
-        home = Path(env["LAPLACE_HOME"]).expanduser() if env.get("LAPLACE_HOME") else _default_home()
+        if "LAPLACE_HOME" in env and not env["LAPLACE_HOME"].strip():
+            raise SettingsError(f"LAPLACE_HOME is set but empty; set it to a directory, or unset it to use the "
+                                f"default ({_default_home()})")
+        home = Path(env["LAPLACE_HOME"]).expanduser() if "LAPLACE_HOME" in env else _default_home()
         return cls(
             home=home,
             device=env.get("LAPLACE_DEVICE", "auto"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from .errors import (
     AmbiguousSessionId,
+    DamagedTokenIds,
+    ForeignDatabase,
     InvalidTurnOperation,
     SchemaTooOld,
     SessionError,
@@ -24,8 +26,8 @@ from .store import SessionStore
 from .store_leases import Lease
 
 __all__ = [
-    "AmbiguousSessionId", "GENESIS_HASH", "InvalidTurnOperation", "Lease", "LeaseInfo", "Resumed",
-    "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
+    "AmbiguousSessionId", "DamagedTokenIds", "ForeignDatabase", "GENESIS_HASH", "InvalidTurnOperation", "Lease",
+    "LeaseInfo", "Resumed", "RunRecord", "SchemaTooOld", "SearchHit", "Session", "SessionError", "SessionInUse",
     "SessionNotFound", "SessionStore", "SessionSummary", "Snapshot", "StateChecksumError",
     "StateError", "StateMeta", "StateModelMismatch", "StateTranscriptMismatch", "Turn",
     "TurnNotFound", "chain_hash", "pack_ids", "unpack_ids",

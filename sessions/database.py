@@ -6,6 +6,8 @@ run while a writer commits; `synchronous=FULL` makes a returned commit survive p
 not only a killed process. `secure_delete=FAST` zeroes deleted rows where that costs no
 extra I/O (halving the commit time of a 29.5 MB state against ON, which also zeroes every
 pruned snapshot); deleting a session switches to full zeroing (see `delete_session`).
+A file that is another program's SQLite database (tables, but no `_migrations`) is refused
+before anything touches it: no chmod, no WAL header, no backup, no laplace tables.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from .errors import SchemaTooOld
+from .errors import ForeignDatabase, SchemaTooOld
 from .migrations import SCHEMA_VERSION, apply_migrations, applied_migrations, migration_name, pending_migrations
 
 BUSY_TIMEOUT_MS = 10_000
@@ -75,9 +77,27 @@ def _backup(db: Database, path: Path, version: int) -> Path:
     return target
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Raise ForeignDatabase if `path` holds tables but not laplace's. Read through a
+    read-only connection before anything touches the file (mode, WAL header, backup,
+    migrations); an empty file or a laplace database passes."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    finally:
+        conn.close()
+    if tables and "_migrations" not in tables:
+        raise ForeignDatabase(path, tables)
+
+
 def open_database(path: Path, *, readonly: bool = False, upto: int | None = None) -> Database:
-    """Open (creating if needed) and migrate the database; `upto` stops early, for tests."""
+    """Open (creating if needed) and migrate the database; `upto` stops early, for tests.
+    A database of another program (tables, none of them laplace's) is refused untouched."""
     path = Path(path)
+    _refuse_foreign(path)
     if readonly:
         if not path.exists():
             raise FileNotFoundError(f"no database at {path}")

@@ -46,6 +46,22 @@ class InvalidTurnOperation(SessionError):
     """A write that would break the transcript's invariants (e.g. rewriting a turn with children)."""
 
 
+class DamagedTokenIds(SessionError):
+    """A turn's stored token ids are not a whole number of int32s (the file was edited or
+    damaged). No state can be built from them, so the way out is not a rebuild but a fork
+    that keeps the branch before the turn."""
+
+    def __init__(self, session_uid: str, turn_id: int, parent_id: int | None, size: object) -> None:
+        way_out = (f"keep the part before it with `laplace sessions fork {session_uid[:8]} --at {parent_id}`"
+                   if parent_id is not None else
+                   f"it is the system turn: export the text with `laplace sessions export {session_uid[:8]}` "
+                   "and start a new session")
+        super().__init__(f"turn {turn_id} of session {session_uid[:8]} has damaged token ids ({size}, not whole "
+                         f"4-byte ids), so no state can be built from it; {way_out}")
+        self.session_uid = session_uid
+        self.turn_id = turn_id
+
+
 class SessionInUse(SessionError):
     def __init__(self, session_uid: str, pid: int, hostname: str, expires_in_s: float) -> None:
         super().__init__(
@@ -65,6 +81,17 @@ class SchemaTooOld(SessionError):
         super().__init__(
             f"database {path} needs migrations ({', '.join(pending)}) and was opened read-only; "
             "run any writing laplace command (e.g. `laplace sessions list`) once to migrate it"
+        )
+
+
+class ForeignDatabase(SessionError):
+    """The database file holds another program's tables: laplace does not write into it."""
+
+    def __init__(self, path: object, tables: Sequence[str]) -> None:
+        shown = ", ".join(tables[:5]) + (f" (+{len(tables) - 5} more)" if len(tables) > 5 else "")
+        super().__init__(
+            f"{path} is an SQLite database of another program (tables: {shown}), so laplace leaves it alone; "
+            "move it aside, or set LAPLACE_HOME to another directory"
         )
 
 

@@ -25,10 +25,23 @@ def pack_ids(token_ids: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+def count_ids(blob: object) -> int | None:
+    """How many ids a stored blob holds, or None when it is not `pack_ids` output (not bytes,
+    or a length that is not a whole number of int32s: edited or damaged)."""
+    if blob is None:
+        return 0
+    if not isinstance(blob, bytes) or len(blob) % 4:
+        return None
+    return len(blob) // 4
+
+
 def unpack_ids(blob: bytes | None) -> list[int]:
-    """Inverse of `pack_ids`; `None` (no tokens stored) is an empty list."""
+    """Inverse of `pack_ids`; `None` (no tokens stored) is an empty list. The store checks a
+    blob with `count_ids` before it gets here (`StoreCore.count_ids` names the turn)."""
     if not blob:
         return []
+    if count_ids(blob) is None:
+        raise ValueError(f"token ids must be whole little-endian int32s; got {len(blob)} bytes")
     ids = array("i")
     ids.frombytes(blob)
     if sys.byteorder == "big":

@@ -13,7 +13,7 @@ rebuild replays the ids into a fresh state.
 from __future__ import annotations
 
 from .errors import StateTranscriptMismatch
-from .hashing import GENESIS_HASH, chain_hash_packed
+from .hashing import GENESIS_HASH, chain_hash_packed, count_ids
 from .store_core import SessionRef, StoreCore
 from .store_leases import Leases
 
@@ -29,8 +29,9 @@ class Chain:
         """Recompute the hash chain from the stored token ids along the branch ending at
         `turn_id` (default: head) and compare each turn's recorded hash and token total.
 
-        Raises StateTranscriptMismatch naming the first turn that differs; returns the
-        number of tokens on the branch. One query; cost is hashing the branch's ids.
+        Raises StateTranscriptMismatch naming the first turn that differs (DamagedTokenIds
+        where its ids are not whole int32s); returns the number of tokens on the branch. One
+        query; cost is hashing the branch's ids.
         """
         s = self.core.get_session(session)
         rows = self.core.db.execute(
@@ -46,7 +47,8 @@ class Chain:
         for tid, blob, recorded, recorded_total, sid in rows:
             if sid != s.id:
                 raise StateTranscriptMismatch(s.uid, tid, "the turn belongs to another session")
-            prev, total = chain_hash_packed(prev, blob), total + len(blob or b"") // 4
+            n = self.core.count_ids(tid, blob)  # before hashing: the blob must be whole ids
+            prev, total = chain_hash_packed(prev, blob), total + n
             if prev != recorded or total != recorded_total:
                 raise StateTranscriptMismatch(
                     s.uid, tid, f"the token ids stored for turn {tid} do not match its recorded hash chain")
@@ -55,18 +57,32 @@ class Chain:
     def rechain(self, session: SessionRef) -> tuple[int, int]:
         """Rewrite every turn's recorded hash and token total from the stored ids, and drop
         the snapshots that no longer match their turn. Returns (turns fixed, snapshots
-        dropped); (0, 0) when the chain was intact. O(session): for a rebuild only."""
+        dropped); (0, 0) when the chain was intact. O(session): for a rebuild only.
+
+        Damaged ids (not whole int32s) on the head's branch raise DamagedTokenIds before
+        anything is written; a damaged turn on another branch and the turns below it are
+        left as they are (no replay reads them, and `check_chain` names them there)."""
         s = self.core.get_session(session)
         with self.core.transaction():
             self.leases.guard(s.id)
             rows = self.core.db.execute(
                 "SELECT id, parent_id, token_ids, stream_hash, tokens_total FROM turns"
                 " WHERE session_id = ? ORDER BY depth, id", [s.id]).fetchall()
+            on_branch = {r[0] for r in self.core.db.execute(
+                "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL SELECT t.parent_id FROM up JOIN turns t ON t.id = up.id"
+                " WHERE t.parent_id IS NOT NULL) SELECT id FROM up", [s.head_turn_id])}
+            counts: dict[int, int | None] = {}
+            for tid, parent_id, blob, _, _ in rows:
+                counts[tid] = self.core.count_ids(tid, blob) if tid in on_branch else count_ids(blob)
             chain: dict[int, tuple[str, int]] = {}
+            skipped: set[int] = set()
             fixed = 0
             for tid, parent_id, blob, recorded, recorded_total in rows:
+                n = counts[tid]
+                if n is None or parent_id in skipped:
+                    skipped.add(tid)
+                    continue
                 prev, base = chain.get(parent_id, (GENESIS_HASH, 0))
-                n = len(blob or b"") // 4
                 chain[tid] = (chain_hash_packed(prev, blob), base + n)
                 if chain[tid] != (recorded, recorded_total):
                     fixed += 1
@@ -74,7 +90,7 @@ class Chain:
                                     [chain[tid][0], chain[tid][1], n, tid])
             stale = [sid for sid, tid, h, n in self.core.db.execute(
                 "SELECT id, turn_id, stream_hash, n_tokens FROM state_snapshots WHERE session_id = ?", [s.id])
-                if chain.get(tid) != (h, n)]
+                if tid not in skipped and chain.get(tid) != (h, n)]
             if stale:
                 self.core.db.execute(f"DELETE FROM state_snapshots WHERE id IN ({','.join('?' * len(stale))})", stale)
         return fixed, len(stale)

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from sqlite_utils import Database
 
-from .errors import AmbiguousSessionId, SessionError, SessionNotFound
+from .errors import AmbiguousSessionId, DamagedTokenIds, SessionError, SessionNotFound
+from .hashing import count_ids
 from ._rows import SESSION_COLS, to_session
 from .records import Session
 
@@ -86,3 +87,15 @@ class StoreCore:
 
     def session_uid(self, session_id: int) -> str:
         return self.one("SELECT uid FROM sessions WHERE id = ?", [session_id])[0]
+
+    def count_ids(self, turn_id: int, blob: object) -> int:
+        """The number of ids in turn `turn_id`'s stored blob; DamagedTokenIds (naming the turn
+        and the fork that keeps the part before it) when the blob is not whole int32s. Every
+        reader of token ids calls this before it hashes, unpacks or writes anything."""
+        n = count_ids(blob)
+        if n is None:
+            uid, parent = self.one("SELECT s.uid, t.parent_id FROM turns t JOIN sessions s ON s.id = t.session_id"
+                                   " WHERE t.id = ?", [turn_id])
+            size = f"{len(blob)} bytes" if isinstance(blob, bytes) else f"a {type(blob).__name__} value"
+            raise DamagedTokenIds(uid, turn_id, parent, size)
+        return n

@@ -198,8 +198,9 @@ class Snapshots:
             snaps.setdefault(snap.turn_id, []).append(snap)
         prev, total = GENESIS_HASH, 0
         for t in path:
-            blob = self.core.one("SELECT token_ids FROM turns WHERE id = ?", [t.id])[0] or b""
-            prev, total = chain_hash_packed(prev, blob), total + len(blob) // 4
+            blob = self.core.one("SELECT token_ids FROM turns WHERE id = ?", [t.id])[0]
+            n = self.core.count_ids(t.id, blob)  # before hashing: the blob must be whole ids
+            prev, total = chain_hash_packed(prev, blob), total + n
             if prev != t.stream_hash or total != t.tokens_total:
                 raise StateTranscriptMismatch(s.uid, t.id, "stored token-stream hash or count differs from the token ids")
             for snap in snaps.get(t.id, []):

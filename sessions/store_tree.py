@@ -28,6 +28,7 @@ class Tree:
         row = self.core.one("SELECT token_ids FROM turns WHERE id = ?", [turn_id])
         if row is None:
             raise TurnNotFound(turn_id)
+        self.core.count_ids(turn_id, row[0])
         return unpack_ids(row[0])
 
     def siblings(self, turn_id: int) -> list[Turn]:

@@ -84,7 +84,9 @@ def _damage_other_shape(d):
     (_damage_truncate, "model.safetensors is unreadable"),
     (lambda d: (d / "tokenizer.json").unlink(), "is missing tokenizer.json"),
     (_damage_other_shape, "does not match config.json"),
-], ids=["truncated-weights", "missing-tokenizer", "weights-of-another-shape"])
+    (lambda d: (d / "tokenizer.json").write_text("not a tokenizer"), "tokenizer or chat template"),
+    (lambda d: (d / "chat_template.json").write_text("{}"), "tokenizer or chat template"),
+], ids=["truncated-weights", "missing-tokenizer", "weights-of-another-shape", "garbage-tokenizer", "garbage-template"])
 def test_info_refuses_a_model_directory_that_would_not_load(tmp_path, damage, needle):
     d = _model_dir(tmp_path)
     damage(d)

@@ -59,5 +59,12 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_cpu1b(quick)
 
+    def serve(quick: bool) -> dict[str, Any]:
+        from pathlib import Path
+
+        from agent.bench.serve import PilotConfig, run_pilot
+
+        return run_pilot(PilotConfig.quick() if quick else PilotConfig(), Path("laplace-serve-report"))
+
     return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui,
-            "cpu1b": cpu1b}
+            "cpu1b": cpu1b, "serve": serve}

@@ -22,28 +22,28 @@ _META = StateMeta(model_fingerprint="bench-fingerprint")
 
 def _exchange(store: SessionStore, uid: str, state: bytes | None) -> float:
     """One user + assistant turn; returns the seconds spent in `commit_turn` alone."""
-    store.begin_turn(uid, role="user", content="benchmark question", token_ids=[1, 2, 3, 4])
-    a = store.begin_turn(uid, role="assistant")
+    store.turns.begin_turn(uid, role="user", content="benchmark question", token_ids=[1, 2, 3, 4])
+    a = store.turns.begin_turn(uid, role="assistant")
     t0 = time.perf_counter()
-    store.commit_turn(a.id, content="benchmark answer", token_ids=[5, 6, 7, 8, 9], state=state,
+    store.turns.commit_turn(a.id, content="benchmark answer", token_ids=[5, 6, 7, 8, 9], state=state,
                       state_meta=_META if state is not None else None)
     return time.perf_counter() - t0
 
 
 def _commit_ms(store: SessionStore, size: int, reps: int) -> float:
-    uid = store.create_session(model_id="bench", system_token_ids=[0]).uid
+    uid = store.turns.create_session(model_id="bench", system_token_ids=[0]).uid
     state = os.urandom(size)  # incompressible, like real float states
     _exchange(store, uid, state)  # warm-up: first write grows the file
     return statistics.median(_exchange(store, uid, state) for _ in range(reps)) * 1000
 
 
 def _session_with_turns(store: SessionStore, turns: int, state_bytes: int) -> str:
-    uid = store.create_session(model_id="bench", system_token_ids=[0]).uid
-    with store.transaction():  # bulk build: one fsync instead of `turns` of them
+    uid = store.turns.create_session(model_id="bench", system_token_ids=[0]).uid
+    with store.core.transaction():  # bulk build: one fsync instead of `turns` of them
         for _ in range(turns // 2):
             _exchange(store, uid, None)
-    head = store.get_turn(store.get_session(uid).head_turn_id)
-    store.put_snapshot(head.id, os.urandom(state_bytes), _META)
+    head = store.tree.get_turn(store.core.get_session(uid).head_turn_id)
+    store.states.put(head.id, os.urandom(state_bytes), _META)
     return uid
 
 
@@ -51,7 +51,7 @@ def _resume_ms(store: SessionStore, uid: str, reps: int) -> float:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        r = store.resume(uid, tail=10, expected_fingerprint=_META.model_fingerprint)
+        r = store.states.resume(uid, tail=10, expected_fingerprint=_META.model_fingerprint)
         times.append(time.perf_counter() - t0)
         assert r.state is not None and r.tokens_to_fold == 0
     return statistics.median(times) * 1000

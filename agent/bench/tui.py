@@ -1,8 +1,13 @@
 """TUI benchmark: does a long session open and scroll as fast as a short one, and how long
 does a streamed token take to reach the screen?
 
-Runs the real app headless (Textual's `run_test`) against the in-memory fake service, so it
-measures the UI alone. Numbers (milliseconds unless named otherwise):
+Runs the real app headless (Textual's `run_test`) over the real chat service and session
+store, in a temporary data directory, with the untrained `tiny` model. The sessions'
+histories are written straight to the store as text (turns without token ids, so each
+session's state, its system prompt's, agrees with its transcript and opens without a
+replay); opening and paging then read SQLite as `laplace chat` does. Streamed tokens are
+scripted events fed to the app's job runner, paced like a fast model or all at once, so the
+token numbers are the UI's alone. Numbers (milliseconds unless named otherwise):
 
 - open_ms[N]: app start to the first refresh after the session's tail is mounted, for a
   session of N turns (median of `repeats`). The promise: 5,000 turns ~ 10 turns; past one
@@ -17,14 +22,22 @@ measures the UI alone. Numbers (milliseconds unless named otherwise):
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
+import tempfile
+import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
+from agent.chat.types import ChatEvent, StatsEvent, TokenEvent, TurnFinished, TurnStarted, TurnView
 from agent.tui.factory import create_app
-from agent.tui.fake_service import FakeChatService
+
+if TYPE_CHECKING:
+    from agent.chat.service import ChatService
 
 SIZE = (120, 40)
+PAGE = 50  # the app's page size (create_app's default)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -32,11 +45,31 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _open_once(n_turns: int) -> tuple[float, int]:
-    fake = FakeChatService(token_delay=0)
-    fake.add_history(n_turns)
+def _service(home: Path) -> ChatService:
+    from agent.chat.service import ChatService
+    from agent.runtime.checkpoint import load_model
+    from sessions import SessionStore
+
+    return ChatService(SessionStore.open(home / "laplace.db"), load_model("tiny"), model_id="tiny")
+
+
+def _history(service: ChatService, n_turns: int) -> str:
+    """A new session holding `n_turns` alternating user/assistant turns, stored as text; its uid."""
+    uid = service.new_session(name=f"history-{n_turns}").uid
+    store = service.store
+    with store.core.transaction():
+        for i in range(n_turns):
+            if i % 2 == 0:
+                store.turns.begin_turn(uid, role="user", content=f"question {i // 2}: what is {i} + {i}?")
+            else:
+                turn = store.turns.begin_turn(uid, role="assistant")
+                store.turns.commit_turn(turn.id, content=f"Answer {i // 2}: **{i - 1 + i - 1}**.\n\n```\n{i}\n```")
+    return uid
+
+
+async def _open_once(service: ChatService) -> tuple[float, int]:
     start = time.perf_counter()
-    app = create_app(fake)
+    app = create_app(service)
     async with app.run_test(size=SIZE) as pilot:
         while app.tail_painted_at is None:
             await asyncio.sleep(0.001)
@@ -46,10 +79,8 @@ async def _open_once(n_turns: int) -> tuple[float, int]:
     return elapsed * 1000, widgets
 
 
-async def _paging(n_turns: int, pages: int) -> dict[str, Any]:
-    fake = FakeChatService(token_delay=0)
-    fake.add_history(n_turns)
-    app = create_app(fake)
+async def _paging(service: ChatService, pages: int) -> dict[str, Any]:
+    app = create_app(service)
     times: list[float] = []
     most = 0
     async with app.run_test(size=SIZE) as pilot:
@@ -67,18 +98,31 @@ async def _paging(n_turns: int, pages: int) -> dict[str, Any]:
             "widget_bound": app.max_turn_widgets}
 
 
-async def _streaming(n_tokens: int, token_delay: float) -> dict[str, Any]:
-    def reply(_: str) -> str:
-        words = [f"word{i}" if i % 40 else f"\n\n## part {i // 40}\n\n" for i in range(n_tokens)]
-        return " ".join(words)
+SCRIPTED_ID = 1 << 40  # ids of the scripted turns: above any the store hands out
 
-    fake = FakeChatService(token_delay=token_delay, reply=reply)
+
+def _scripted(n_tokens: int, token_delay: float, cancel: threading.Event) -> Iterator[ChatEvent]:
+    """A reply of `n_tokens` words (a heading every 40), as events a service would stream."""
+    words = [f"word{i}" if i % 40 else f"\n\n## part {i // 40}\n\n" for i in range(n_tokens)]
+    pieces = re.findall(r"\s*\S+|\s+", " ".join(words))
+    yield TurnStarted(TurnView(SCRIPTED_ID, "user", "go", "complete"), SCRIPTED_ID + 1)
+    for piece in pieces:
+        if cancel.is_set():
+            break
+        if token_delay:
+            time.sleep(token_delay)
+        yield TokenEvent(piece)
+    yield StatsEvent(new_tokens=len(pieces), tokens_per_s=0.0, tokens_folded=0, state_bytes=0)
+    yield TurnFinished(TurnView(SCRIPTED_ID + 1, "assistant", "".join(pieces), "complete", SCRIPTED_ID, len(pieces)))
+
+
+async def _streaming(service: ChatService, n_tokens: int, token_delay: float) -> dict[str, Any]:
     latencies: list[float] = []
-    app = create_app(fake, latencies=latencies)
+    app = create_app(service, latencies=latencies)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         t0 = time.perf_counter()
-        app.start_job("send", lambda cancel: fake.send("go", cancel))
+        app.start_job("send", lambda cancel: _scripted(n_tokens, token_delay, cancel))
         while app.job is not None:
             await asyncio.sleep(0.005)
         wall = time.perf_counter() - t0
@@ -93,26 +137,38 @@ async def _streaming(n_tokens: int, token_delay: float) -> dict[str, Any]:
     }
 
 
-async def _run(quick: bool) -> dict[str, Any]:
+async def _run(service: ChatService, quick: bool, long: int) -> dict[str, Any]:
     repeats = 2 if quick else 5
     opened: dict[str, Any] = {}
-    for n in (10, 50, 5000):  # 50 = one page: from there on only history grows, not widgets
-        runs = [await _open_once(n) for _ in range(repeats)]
+    sessions = {n: _history(service, n) for n in (10, 50, long)}  # 50 = one page: from there on only history grows
+    for n, uid in sessions.items():
+        service.resume(uid)  # as `laplace chat --session UID` does before the app starts
+        runs = [await _open_once(service) for _ in range(repeats)]
         opened[str(n)] = {"open_ms": round(statistics.median(r[0] for r in runs), 1), "widgets": runs[0][1]}
+    # The long session is the one open; page only as far back as it has whole older pages.
+    paging = await _paging(service, min(4 if quick else 12, long // PAGE - 1))
+    service.new_session(name="streaming")
     return {
         "open": opened,
-        "open_ratio_5000_vs_10": round(opened["5000"]["open_ms"] / opened["10"]["open_ms"], 2),
-        "open_ratio_5000_vs_50": round(opened["5000"]["open_ms"] / opened["50"]["open_ms"], 2),
-        "paging": await _paging(5000, 4 if quick else 12),
-        "streaming": await _streaming(150 if quick else 1000, 0.002),  # a ~500 tok/s model
-        "streaming_burst": await _streaming(300 if quick else 2000, 0.0),
+        f"open_ratio_{long}_vs_10": round(opened[str(long)]["open_ms"] / opened["10"]["open_ms"], 2),
+        f"open_ratio_{long}_vs_50": round(opened[str(long)]["open_ms"] / opened["50"]["open_ms"], 2),
+        "paging": paging,
+        "streaming": await _streaming(service, 150 if quick else 1000, 0.002),  # a ~500 tok/s model
+        "streaming_burst": await _streaming(service, 300 if quick else 2000, 0.0),
         "quick": quick,
     }
 
 
-def run_tui_bench(quick: bool = False) -> dict[str, Any]:
-    """Run the TUI benchmark; returns a JSON-able dict (see the module docstring)."""
-    return asyncio.run(_run(quick))
+def run_tui_bench(quick: bool = False, long: int = 5000) -> dict[str, Any]:
+    """Run the TUI benchmark in a temporary data directory; returns a JSON-able dict (see the
+    module docstring). `long` is the long session's turn count."""
+    with tempfile.TemporaryDirectory(prefix="laplace-bench-tui-") as home:
+        service = _service(Path(home))
+        try:
+            return asyncio.run(_run(service, quick, long))
+        finally:
+            service.close()
+            service.store.close()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
-from agent.chat.refresh import is_recall
+from agent.chat.recall import is_recall
 from agent.chat.types import ChatError, SearchHit, SessionView, StatusView, TurnView
 from sessions import Session, SessionError, SessionSummary, Turn
 
@@ -38,25 +38,26 @@ class SessionBrowsing:
     _last_tps: float | None
 
     def list_sessions(self) -> list[SessionView]:
-        return [self._view(s.session, s) for s in self.store.list_sessions()]
+        return [self._view(s.session, s) for s in self.store.browse.list_sessions()]
 
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
         return [SearchHit(h.session_uid, h.session_name or h.session_uid[:8], h.turn_id, h.role, h.snippet)
-                for h in self.store.search(query, limit=limit)]
+                for h in self.store.browse.search(query, limit=limit)]
 
     def delete_session(self, uid_prefix: str) -> None:
         with self._lock:
-            target = guarded(lambda: self.store.get_session(uid_prefix))
+            target = guarded(lambda: self.store.core.get_session(uid_prefix))
             if self._session is not None and target.id == self._session.id:
                 self._release()
                 self._session, self._state = None, None
-            guarded(lambda: self.store.delete_session(target.id))
+            guarded(lambda: self.store.browse.delete_session(target.id))
 
     def export(self, fmt: Literal["markdown", "json"], path: Path | None = None) -> Path:
         session = self._require()
         suffix = "md" if fmt == "markdown" else "json"
         out = Path(path) if path else Path.cwd() / f"laplace-{session.uid[:8]}.{suffix}"
-        body = self.store.export_markdown(session.id) if fmt == "markdown" else json.dumps(self.store.export_json(session.id), indent=2)
+        browse = self.store.browse
+        body = browse.export_markdown(session.id) if fmt == "markdown" else json.dumps(browse.export_json(session.id), indent=2)
         try:
             out.write_text(body, encoding="utf-8")
         except OSError as exc:
@@ -73,13 +74,13 @@ class SessionBrowsing:
                           last_tokens_per_s=self._last_tps)
 
     def tail(self, limit: int = 50) -> list[TurnView]:
-        return [self._turn_view(t) for t in self.store.tail(self._require().id, limit)]
+        return [self._turn_view(t) for t in self.store.tree.tail(self._require().id, limit)]
 
     def page_before(self, turn_id: int, limit: int = 50) -> list[TurnView]:
-        return [self._turn_view(t) for t in self.store.page_before(self._require().id, turn_id, limit)]
+        return [self._turn_view(t) for t in self.store.tree.page_before(self._require().id, turn_id, limit)]
 
     def _turn_view(self, t: Turn) -> TurnView:
-        sibs = self.store.siblings(t.id) if t.role in ("assistant", "user") else [t]
+        sibs = self.store.tree.siblings(t.id) if t.role in ("assistant", "user") else [t]
         index = next((i for i, s in enumerate(sibs) if s.id == t.id), 0)
         return TurnView(t.id, t.role, t.content, t.status, t.parent_id, t.n_tokens, index, len(sibs),
                         kind="recall" if is_recall(t) else "", used_recall=self._after_recall(t))
@@ -88,11 +89,11 @@ class SessionBrowsing:
         """A reply whose message came right after a recall block (the block, the message, it)."""
         if t.role != "assistant" or t.parent_id is None:
             return False
-        user = self.store.get_turn(t.parent_id)
-        return user.parent_id is not None and is_recall(self.store.get_turn(user.parent_id))
+        user = self.store.tree.get_turn(t.parent_id)
+        return user.parent_id is not None and is_recall(self.store.tree.get_turn(user.parent_id))
 
     def _view(self, s: Session, summary: SessionSummary | None = None) -> SessionView:
-        summary = summary or self.store.summary(s.id)
+        summary = summary or self.store.browse.summary(s.id)
         return SessionView(s.uid, s.name or s.uid[:8], s.model_id, s.system_prompt, summary.turns,
                            summary.tokens_folded, summary.state_bytes, s.updated_at, s.archived)
 

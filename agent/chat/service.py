@@ -15,74 +15,74 @@ Thread use: the TUI calls streaming methods from a worker thread; one lock seria
 
 from __future__ import annotations
 
-import hashlib
 import threading
-import time
 from pathlib import Path
-from typing import Iterator, Sequence
-
-import torch
+from typing import Iterator, Mapping
 
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
-from agent.chat.recovery import check_token_chain, fold_interrupted, prepare_rebuild
-from agent.chat.refresh import RecallRefresh
+from agent.chat.options import SessionOptions
+from agent.chat.recovery import fold_interrupted, rebuild
+from agent.chat.replay import Progress, fold, load_state
 from agent.chat.types import (
     ChatError,
     ChatEvent,
     ProbeAnswer,
     ProgressEvent,
     SessionView,
-    StateUnusableError,
+    StateCheck,
     StatsEvent,
     TokenEvent,
     TurnFinished,
     TurnStarted,
     TurnView,
 )
-from agent.probes.session_check import check_state
+from agent.chat.turns import ReplyWriter, TurnWriter, check_text
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
-from agent.runtime.sampling import SamplingOptions, make_generator
-from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
+from agent.runtime.sampling import make_generator
+from agent.runtime.state import RecurrentState
 from agent.runtime.tokenizer import StreamDecoder
-from sessions import Session, SessionError, SessionStore, StateError, StateMeta, Turn
-
-FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
-HEARTBEAT_EVERY_S = 5.0
+from sessions import Session, SessionError, SessionStore, StateMeta
 
 
 class ChatService(SessionBrowsing):
-    """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`."""
+    """See the module docstring. Construct it in the CLI; clients use `ChatServiceProtocol`.
+
+    `options` are the values given at the edge (`-o KEY VALUE`, parsed by
+    `agent.chat.options.parse_pairs`): a new session starts from them, and a resumed one
+    keeps its stored options with these on top. The service is the one owner of the live
+    `SessionOptions` and stores them, typed, whenever they change.
+
+    How a turn is written (message, recall block, streaming reply, commit with its state)
+    is `agent.chat.turns.TurnWriter`, shared with the server, so both leave the same rows."""
 
     def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
-                 device: str = "cpu", options: SamplingOptions | None = None,
-                 initial_state: RecurrentState | None = None) -> None:
+                 device: str = "cpu", options: Mapping[str, object] | None = None,
+                 initial_state: RecurrentState | None = None, check: StateCheck | None = None) -> None:
         self.store = store
         self.lm = lm
         self.model_id = model_id
         self.runner = runner or EagerRunner(lm.model)
         self.device = device
-        self.defaults = options or SamplingOptions()
-        self.options = self.defaults
-        self.refresher = RecallRefresh(lm, store)
+        self.given = dict(options or {})
+        try:
+            self.options = SessionOptions().with_values(self.given)
+        except ValueError as exc:
+            raise ChatError(str(exc)) from None
+        self.writer = TurnWriter(store, lm, self.runner, model_id=model_id, initial_state=initial_state)
+        self.refresher = self.writer.refresher
+        self.check = check
         self._session: Session | None = None
         self._state: RecurrentState | None = None
         self._lease = None
         self._lock = threading.RLock()
         self._last_tps: float | None = None
-        # A learned initial state (`laplace finetune --tune state`) is part of what a stored
-        # state depends on, so it is folded into the fingerprint every snapshot records.
         self.initial_state = initial_state
-        self.fingerprint = lm.fingerprint
-        if initial_state is not None:
-            digest = hashlib.sha256(initial_state.to_bytes(fingerprint=lm.fingerprint)).hexdigest()
-            self.fingerprint = hashlib.sha256(f"{lm.fingerprint}+initial:{digest}".encode()).hexdigest()
+        self.fingerprint = self.writer.fingerprint  # covers a learned initial state too
 
     def _fresh_state(self) -> RecurrentState:
-        if self.initial_state is not None:
-            return self.initial_state.clone().to(self.runner.device)
-        return self.lm.model.new_state(1)
+        return self.writer.fresh_state()
 
     # ---- session lifecycle --------------------------------------------------------------
 
@@ -98,10 +98,7 @@ class ChatService(SessionBrowsing):
     def _take(self, session: Session) -> None:
         """Become the writer of `session` (releasing the previous one)."""
         self._release()
-        try:
-            self._lease = self.store.acquire_lease(session)
-        except SessionError as exc:
-            raise ChatError(str(exc)) from None
+        self._lease = self.writer.lease(session)
         self._session = session
         self._state = None
 
@@ -118,89 +115,47 @@ class ChatService(SessionBrowsing):
             self._release()
 
     def _meta(self, state: RecurrentState) -> StateMeta:
-        return StateMeta(model_fingerprint=self.fingerprint, n_tokens=state.n_tokens, dtype="float32")
+        return self.writer._meta(state)
 
     def _blob(self, state: RecurrentState) -> bytes:
-        return state.to_bytes(fingerprint=self.fingerprint, architecture=self.lm.config.architecture())
+        return self.writer._blob(state)
 
     def new_session(self, *, system: str | None = None, name: str | None = None) -> SessionView:
         with self._lock:
-            system = system if system is not None else ""
-            _check_text(system, "system prompt")
-            ids = self.lm.template.message(self.lm.tokenizer, "system", system, first=True)
-            _, state = self.runner.prefill(ids, self._fresh_state())
-            session = self.store.create_session(
-                model_id=self.model_id, system_prompt=system, system_token_ids=ids, name=name,
-                options=self._options_delta(), state=self._blob(state), state_meta=self._meta(state))
+            options = SessionOptions().with_values(self.given)  # not the last session's /set values
+            session, state = self.writer.create(system=system if system is not None else "", name=name, options=options)
             self._take(session)
             self._state = state
-            self.options = self.defaults
+            self.options = options
             return self._view(session)
 
-    def resume(self, uid_prefix: str | None = None) -> SessionView:
-        """Load the stored state (no transcript replay). Raises StateUnusableError when the
-        stored state cannot be trusted; the session stays selected so `rebuild_state` works."""
+    def resume(self, uid_prefix: str | None = None, *, progress: Progress | None = None) -> SessionView:
+        """Load the stored state (no transcript replay). Turns stored after it (a message
+        whose fold was interrupted) are folded with `progress` and stored, once. Raises
+        StateUnusableError when the stored state cannot be trusted; the session stays
+        selected so `rebuild_state` works."""
         with self._lock:
             try:
-                session = self.store.get_session(uid_prefix) if uid_prefix else self.store.most_recent_session()
+                session = self.store.core.get_session(uid_prefix) if uid_prefix else self.store.browse.most_recent_session()
             except SessionError as exc:
                 raise ChatError(str(exc)) from None
             if session is None:
                 raise ChatError("there is no session to continue yet; start one with `laplace chat`")
             self._take(session)
-            self.options = self.defaults.with_pairs((k, str(v)) for k, v in session.options.items())
-            fold_interrupted(self, session)
-            check_token_chain(self.store, session)
-            self._state = self._load_state(session)
-            return self._view(self.store.get_session(session.id))
-
-    def _load_state(self, session: Session, turn_id: int | None = None) -> RecurrentState:
-        """The state after `turn_id` (default: head) from the newest snapshot on the branch,
-        folding any turns stored after it (e.g. a user message whose reply crashed)."""
-        try:
-            turn = self.store.get_turn(turn_id if turn_id is not None else session.head_turn_id)
-            snap = self.store.latest_snapshot(session.id, turn.id)
-            if snap is None:
-                raise StateUnusableError(
-                    f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
-            data = self.store.load_state(snap, expected_fingerprint=self.fingerprint)
-            state = RecurrentState.from_bytes(data, config=self.lm.config, fingerprint=self.fingerprint, device=self.runner.device)
-        except (StateError, RuntimeStateError) as exc:
-            hint = f" (the session was made with model {session.model_id!r})" if session.model_id != self.model_id else \
-                " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
-            # The runtime's own messages only say "replay the transcript": name the way to do it.
-            how = "" if "--rebuild-state" in str(exc) else \
-                f"; to replay the transcript: laplace chat --session {session.uid[:8]} --rebuild-state"
-            raise StateUnusableError(f"{exc}{hint}{how}") from None
-        state.n_tokens = snap.n_tokens
-        if turn.tokens_total > snap.n_tokens:
-            for ids in self.store.branch_token_ids(session.id, turn.id, after_turn_id=snap.turn_id):
-                if ids:
-                    _, state = self.runner.prefill(ids, state)
-        return state
+            self._adopt_options(session)
+            self._state = self.writer.recover(session, progress=progress)  # fold an interrupted reply, check, load
+            return self._view(self.store.core.get_session(session.id))
 
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Replay the branch's stored token ids into a fresh state, with progress, and store it."""
         with self._lock:
-            session = self._require()
-            head = prepare_rebuild(self, session)
-            state, done = self._fresh_state(), 0
-            for ids in self.store.branch_token_ids(session.id, head.id):
-                if cancel is not None and cancel.is_set():
-                    yield ProgressEvent("rebuild cancelled", done, head.tokens_total)
-                    return
-                if ids:
-                    _, state = self.runner.prefill(ids, state)
-                done += len(ids)
-                yield ProgressEvent("replaying transcript", done, head.tokens_total)
-            if head.status == "streaming":
-                raise ChatError(f"turn {head.id} is still being written by another process")
-            self.store.put_snapshot(head.id, self._blob(state), self._meta(state))
-            self._state = state
+            state = yield from rebuild(self, self._require(), cancel)
+            if state is not None:
+                self._state = state
 
     def _state_now(self) -> RecurrentState:
         if self._state is None:
-            self._state = self._load_state(self._require())
+            self._state = load_state(self, self._require())
         return self._state
 
     # ---- turns --------------------------------------------------------------------------
@@ -209,30 +164,31 @@ class ChatService(SessionBrowsing):
         """Store the user's message, fold it in, stream the reply, commit reply + state."""
         with self._lock:
             session = self._require()
-            _check_text(text, "message")
+            check_text(text, "message")
             state = self._state_now()
-            ids = self.lm.template.message(self.lm.tokenizer, "user", text)
-            recall = self._guard(lambda: self.refresher.plan(session, text, self.options))
-            block, user = self._guard(lambda: self.refresher.store_with_message(session, recall, text, ids))
-            if recall is not None:
-                _, state = self.runner.prefill(recall.token_ids, state)
-            _, state = self.runner.prefill(ids, state)
+            stored = self.writer.store_message(session, text, self.options.refresh)
+            self._state = None  # stored but not yet read: stopped mid-fold, the next use loads (and folds) it
+            if stored.recall_ids:
+                _, state = self.runner.prefill(stored.recall_ids, state)
+            for done, state in fold(self.runner, stored.user_ids, state):
+                if len(stored.user_ids) > self.runner.segment_len:  # a long message: say how far the fold is
+                    yield ProgressEvent("folding your message", done, len(stored.user_ids))
             self._state = state  # the user turn is stored; the live state has read it
-            yield from self._reply(session, state, cancel, user_turn=self._turn_view(user),
-                                   recall_turn=self._turn_view(block) if block is not None else None)
+            yield from self._reply(session, state, cancel, user_turn=self._turn_view(stored.user),
+                                   recall_turn=self._turn_view(stored.block) if stored.block is not None else None)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """A new sibling reply to the last user message; the old reply stays in history."""
         with self._lock:
             session = self._require()
-            head = self.store.get_turn(self.store.get_session(session.id).head_turn_id)
+            head = self.store.tree.get_turn(self.store.core.get_session(session.id).head_turn_id)
             if head.role != "assistant":
                 raise ChatError("the last turn is not a reply; send a message first, then regenerate its reply")
-            state = self._load_state(session, head.parent_id)
+            state = load_state(self, session, head.parent_id)
             self._state = state
-            seed = self.options.seed
+            seed = self.options.sampling.seed
             if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
-                seed += len(self.store.siblings(head.id))
+                seed += len(self.store.tree.siblings(head.id))
             yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
 
     def switch_sibling(self, turn_id: int, step: int) -> TurnView:
@@ -240,30 +196,26 @@ class ChatService(SessionBrowsing):
         its newest leaf. Every branch keeps its newest snapshot, so no replay is needed."""
         with self._lock:
             session = self._require()
-            sibs = guarded(lambda: self.store.siblings(turn_id))
+            sibs = guarded(lambda: self.store.tree.siblings(turn_id))
             if len(sibs) < 2:
                 raise ChatError("this turn has no other versions; regenerate a reply to make one")
             index = next(i for i, t in enumerate(sibs) if t.id == turn_id)
             target = sibs[(index + step) % len(sibs)]
-            guarded(lambda: self.store.set_head(session.id, target.id, descend=True))
-            self._session = self.store.get_session(session.id)
-            self._state = self._load_state(self._session)  # the branch's newest snapshot
-            return self._turn_view(self.store.get_turn(target.id))
+            guarded(lambda: self.store.turns.set_head(session.id, target.id, descend=True))
+            self._session = self.store.core.get_session(session.id)
+            self._state = load_state(self, self._session)  # the branch's newest snapshot
+            return self._turn_view(self.store.tree.get_turn(target.id))
 
     def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
                user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None,
                recall_turn: TurnView | None = None) -> Iterator[ChatEvent]:
         tok, template = self.lm.tokenizer, self.lm.template
-        if regenerate_of is not None:
-            turn = self._guard(lambda: self.store.regenerate(regenerate_of))
-        else:
-            turn = self._guard(lambda: self.store.begin_turn(session.id, role="assistant"))
-        yield TurnStarted(user_turn, turn.id, recall_turn)
-        prefix = template.reply_prefix(tok)
-        opts = self.options
+        reply = self.writer.begin_reply(session, self._lease, regenerate_of=regenerate_of)
+        yield TurnStarted(user_turn, reply.turn.id, recall_turn)
+        prefix = reply.prefix
+        opts = self.options.sampling
         gen = None
         decoder, text, status, error = StreamDecoder(tok), "", "complete", None
-        t0 = last_flush = last_beat = time.monotonic()
         try:
             logits, state = self.runner.prefill(prefix, state)
             gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok),
@@ -274,13 +226,7 @@ class ChatService(SessionBrowsing):
                 if piece:
                     text += piece
                     yield TokenEvent(piece)
-                now = time.monotonic()
-                if now - last_flush > FLUSH_EVERY_S:
-                    self.store.update_streaming(turn.id, tok.decode(gen.tokens))
-                    last_flush = now
-                if now - last_beat > HEARTBEAT_EVERY_S and self._lease is not None:
-                    self._lease.heartbeat()
-                    last_beat = now
+                reply.progress(gen.tokens)
             rest = decoder.flush()
             if rest:
                 yield TokenEvent(rest)
@@ -288,11 +234,11 @@ class ChatService(SessionBrowsing):
                 status = "cancelled"
         except (KeyboardInterrupt, GeneratorExit):
             status = "cancelled"
-            self._finish(turn, gen, prefix, state, status, None, t0)
+            self._finish(reply, gen, state, status, None)
             raise
         except Exception as exc:  # the reply so far is kept, marked error
             status, error = "error", f"{type(exc).__name__}: {exc}"
-        final = self._finish(turn, gen, prefix, state, status, error, t0)
+        final = self._finish(reply, gen, state, status, error)
         if error is not None:
             yield TurnFinished(final)
             return
@@ -300,31 +246,16 @@ class ChatService(SessionBrowsing):
                          tokens_folded=self._state.n_tokens, state_bytes=self._state.nbytes)
         yield TurnFinished(final)
 
-    def _finish(self, turn: Turn, gen: Generation | None, prefix: Sequence[int], state: RecurrentState,
-                status: str, error: str | None, t0: float) -> TurnView:
+    def _finish(self, reply: ReplyWriter, gen: Generation | None, state: RecurrentState,
+                status: str, error: str | None) -> TurnView:
         """Close the reply with the template suffix, fold it, and commit turn + state together."""
-        tok = self.lm.tokenizer
-        tokens = list(gen.tokens) if gen else []
-        elapsed = max(time.monotonic() - t0, 1e-9)
-        self._last_tps = len(tokens) / elapsed if tokens else None
-        content = tok.decode(tokens)
-        ids = [*prefix, *tokens, *self.lm.template.reply_suffix(tok)]
-        stats = {"new_tokens": len(tokens), "seconds": round(elapsed, 4), "tokens_per_s": self._last_tps,
-                 "stop_reason": gen.stop_reason if gen else None}
-        blob = meta = None
-        try:
-            with torch.inference_mode():
-                after = gen.finish() if gen else self.runner.prefill(prefix, state)[1]
-                _, after = self.runner.prefill(self.lm.template.reply_suffix(tok), after)
-            blob, meta = self._blob(after), self._meta(after)
-        except Exception as exc:  # no trustworthy state: commit the text, replay later
-            after, error = None, error or f"{type(exc).__name__}: {exc}"
-            status = "error"
-        final = self.store.commit_turn(turn.id, content=content, status=status, token_ids=ids, stats=stats,
-                                       error=error, state=blob, state_meta=meta)
-        self._state = after if after is not None else None
-        self._session = self.store.get_session(turn.session_id)
-        return self._turn_view(final)
+        done = reply.commit(list(gen.tokens) if gen else [], status=status, error=error,
+                            stop_reason=gen.stop_reason if gen else None,
+                            fold=gen.finish if gen else lambda: self.runner.prefill(reply.prefix, state)[1])
+        self._last_tps = done.tokens_per_s
+        self._state = done.state
+        self._session = self.store.core.get_session(reply.turn.session_id)
+        return self._turn_view(done.turn)
 
     def attach(self, path: Path, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Fold a UTF-8 text file of any length into the state in fixed segments."""
@@ -332,18 +263,18 @@ class ChatService(SessionBrowsing):
             session = self._require()
             text = read_document(Path(path))
             before = self._state_now()
-            turn = self._guard(lambda: self.store.begin_turn(session.id, role="document", content=text))
+            turn = self._guard(lambda: self.store.turns.begin_turn(session.id, role="document", content=text))
             yield TurnStarted(None, turn.id)
             ids: list[int] = []
             state = before
             for event, state in fold_document(self.lm, self.runner, Path(path).name, text, before, ids, cancel):
                 yield event
             if cancel is not None and cancel.is_set():  # nothing of it stays in the state
-                final = self.store.commit_turn(turn.id, status="cancelled", token_ids=[], error="attach cancelled",
+                final = self.store.turns.commit_turn(turn.id, status="cancelled", token_ids=[], error="attach cancelled",
                                                state=self._blob(before), state_meta=self._meta(before))
                 self._state = before
             else:
-                final = self.store.commit_turn(turn.id, status="complete", token_ids=ids,
+                final = self.store.turns.commit_turn(turn.id, status="complete", token_ids=ids,
                                                state=self._blob(state), state_meta=self._meta(state))
                 self._state = state
             yield TurnFinished(self._turn_view(final))
@@ -351,14 +282,16 @@ class ChatService(SessionBrowsing):
     def probe(self, question: str, expected: str | None = None, max_new_tokens: int = 48) -> ProbeAnswer:
         """Ask a copy of the live state; the live state and the transcript are untouched.
 
-        With `expected`, the verdict is `laplace probe session`'s rule (`agent.probes.verdicts`):
+        With `expected`, the verdict is `laplace probe session`'s rule (`agent.recall.verdicts`):
         the answer ranked among same-shape distractors, against a blank-state control."""
         with self._lock:
             _check_text(question, "question")
             if expected is not None and not expected.strip():
                 raise ChatError("the expected answer is empty; give the words the session should remember")
-            check = check_state(self.lm, self._state_now().clone(), question, expect=expected,
-                                answer_tokens=max_new_tokens)
+            if self.check is None:
+                raise ChatError("this chat service was built without a recall check; use `laplace probe session`")
+            check = self.check(self.lm, self._state_now().clone(), question, expect=expected,
+                               answer_tokens=max_new_tokens)
             if expected is None:
                 return ProbeAnswer(question, check.answer, None, None)
             return ProbeAnswer(question, check.answer, expected, check.verdict, check.reason)
@@ -368,15 +301,15 @@ class ChatService(SessionBrowsing):
     def fork(self, at_turn: int | None = None) -> SessionView:
         with self._lock:
             session = self._require()
-            forked = self._guard(lambda: self.store.fork(session.id, at_turn))
+            forked = self._guard(lambda: self.store.browse.fork(session.id, at_turn))
             self._take(forked)
             fold_interrupted(self, forked)
-            self._state = self._load_state(forked)
+            self._state = load_state(self, forked)
             return self._view(forked)
 
     def rename(self, name: str) -> SessionView:
         with self._lock:
-            self._session = self._guard(lambda: self.store.rename_session(self._require().id, name.strip() or None))
+            self._session = self._guard(lambda: self.store.turns.rename_session(self._require().id, name.strip() or None))
             return self._view(self._session)
 
     def set_system(self, text: str) -> SessionView:
@@ -385,23 +318,21 @@ class ChatService(SessionBrowsing):
         return self.new_session(system=text, name=None)
 
     def set_option(self, key: str, value: str) -> None:
+        """`/set KEY VALUE`: parsed once, applied to the live options and stored typed."""
         with self._lock:
             try:
-                self.options = self.options.with_pairs([(key, value)])
+                self.options = self.options.with_text([(key, value)])
             except ValueError as exc:
                 raise ChatError(str(exc)) from None
             if self._session is not None:
-                self._session = self._guard(lambda: self.store.set_options(self._session.id, self._options_delta()))
+                self._session = self._guard(lambda: self.store.turns.set_options(self._session.id, self.options.stored()))
 
-    def _options_delta(self) -> dict[str, object]:
-        base, cur = SamplingOptions().to_dict(), self.options.to_dict()
-        return {k: v for k, v in cur.items() if v != base[k] and k != "stop"}
+    def _adopt_options(self, session: Session) -> None:
+        """A resumed session's stored options with the edge's on top; stored again when that
+        changes them (or when an older database held them as text)."""
+        self.options, self._session = self.writer.adopt_options(session, self.given)
 
     _guard = staticmethod(guarded)
 
 
-def _check_text(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ChatError(f"the {what} is not valid UTF-8 text; re-encode it as UTF-8") from None
+_check_text = check_text  # the one refusal of text that cannot be stored, shared with the server

@@ -10,11 +10,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Iterator, Literal, Protocol, Union
 
-# The probe verdict words, re-exported for the TUI from the one rule that produces them
+# The recall verdict words, re-exported for the TUI from the one rule that produces them
 # (plain Python, no torch).
-from agent.probes.verdicts import FORGOTTEN as FORGOTTEN, REMEMBERED as REMEMBERED, WEAK as WEAK
+from agent.recall.verdicts import FORGOTTEN as FORGOTTEN, REMEMBERED as REMEMBERED, WEAK as WEAK
+
+if TYPE_CHECKING:  # annotations only: this module stays free of torch
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.state import RecurrentState
 
 TurnStatus = Literal["streaming", "complete", "cancelled", "error"]
 
@@ -74,7 +78,7 @@ class ProbeAnswer:
     question: str
     answer: str
     expected: str | None
-    verdict: str | None  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED (agent.probes.verdicts), None without an expectation
+    verdict: str | None  # REMEMBERED | WEAK | FORGOTTEN | UNDETERMINED (agent.recall.verdicts), None without an expectation
     detail: str = ""
 
 
@@ -125,6 +129,14 @@ class ChatError(RuntimeError):
     """A user-facing problem: the message is one line naming the cause and the way out."""
 
 
+class SessionNotFoundError(ChatError):
+    """No session matches the id given (the server answers 404)."""
+
+
+class SessionBusyError(ChatError):
+    """Another writer holds the session (the server answers 409)."""
+
+
 class StateUnusableError(ChatError):
     """The stored state cannot be used (other model, corrupt, disagrees with the transcript).
     The client may offer `ChatService.rebuild_state()` (replays the transcript)."""
@@ -156,6 +168,21 @@ class ChatServiceProtocol(Protocol):
     def delete_session(self, uid_prefix: str) -> None: ...
     def export(self, fmt: Literal["markdown", "json"], path: Path | None = None) -> Path: ...
     def close(self) -> None: ...
+
+
+class StateCheck(Protocol):
+    """Asks a copy of a state a question and, with `expect`, judges the answer: what `probe`
+    runs. The CLI passes `agent.probes.session_check.check_state`, the same check as
+    `laplace probe session`, so chat itself never imports the probes."""
+
+    def __call__(self, loaded: LoadedModel, state: RecurrentState, question: str, *, expect: str | None,
+                 answer_tokens: int) -> CheckResult: ...
+
+
+class CheckResult(Protocol):
+    answer: str
+    verdict: str
+    reason: str
 
 
 @dataclass

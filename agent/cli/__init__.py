@@ -12,8 +12,9 @@ from typing import Optional
 import typer
 
 from agent.cli.errors import fail
-from agent.units import human_bytes
-from agent.settings import Settings
+from agent.cli.store import settings_of
+from agent.display import human_bytes
+from agent.settings import Settings, SettingsError
 
 app = typer.Typer(
     name="laplace",
@@ -25,14 +26,18 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """laplace: chat with a model whose memory of the session never grows."""
-
-
+    # The environment is read here, once, and passed down: every command takes it from ctx.
+    try:
+        ctx.obj = Settings.from_env()
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
 
 
 @app.command()
 def info(
+    ctx: typer.Context,
     model: str = typer.Option("default", "-m", "--model", help="Preset name, model name or model directory."),
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | neuron"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -40,7 +45,7 @@ def info(
     """Model config, parameter count, state bytes per session, the KV cache it replaces, device."""
     from agent.runtime.info import ModelInfoError, describe_model
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     try:
         data = describe_model(model, device=device, models_dir=settings.models_dir)
     except ModelInfoError as exc:
@@ -49,11 +54,20 @@ def info(
         typer.echo(json.dumps(data, indent=2))
         return
     c = data["config"]
+    if c.get("mixer") == "window":  # a converted Llama: the window's ring and the GLA branch make the state
+        parts = data["state_parts"]
+        branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
+        shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
+                 f"{branch}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
+        split = f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,} + positions {parts['pos']:,}; "
+    else:
+        shape = f"{c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}"
+        split = ""
     lines = [
         f"model        {data['name']}  ({data['source']})",
-        f"layers       {c['n_layers']} x hidden {c['d_model']}, {c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}",
+        f"layers       {c['n_layers']} x hidden {c['d_model']}, {shape}",
         f"parameters   {data['parameters'] / 1e9:.3f} B  ({data['parameters']:,}; Muon {data['muon_parameters']:,}, AdamW {data['adamw_parameters']:,})",
-        f"state        {data['state_bytes']:,} bytes per sequence ({human_bytes(data['state_bytes'])}), at any context length",
+        f"state        {data['state_bytes']:,} bytes per sequence ({human_bytes(data['state_bytes'])}; {split}fixed at any context length)",
         f"KV cache     {data['kv_cache_bytes_8k']:,} bytes for a comparable bf16 softmax model at 8,192 tokens ({human_bytes(data['kv_cache_bytes_8k'])}, {data['kv_cache_ratio_8k']:.1f}x the state)",
         f"half-lives   {', '.join(f'{h:.3g}' for h in data['half_lives'])} tokens at init" if data["half_lives"]
         else "half-lives   set by the input (a Mamba-2 mixer has no schedule); laplace probe measures them",
@@ -68,11 +82,16 @@ def info(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     names: Optional[list[str]] = typer.Argument(None, help="Benchmarks to run (default: all). See --list."),
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for serve: the model to serve (default tiny)."),
+    report_dir: str = typer.Option("laplace-serve-report", "--report-dir", help="serve: where report.md, report.json and the PNGs go."),
+    rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="serve: seconds of arrivals per rate."),
+    compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="serve: eager (Dynamo capture, fast), inductor, or none."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -90,21 +109,65 @@ def bench(
     unknown = [n for n in chosen if n not in benches]
     if unknown:
         raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
-    if model is not None:
+    serve_flags = rates is not None or duration is not None or compile_backend is not None
+    if (model is not None or serve_flags) and chosen == ["serve"]:
+        benches["serve"] = _serve_pilot(settings_of(ctx), model=model, report_dir=report_dir, rates=rates,
+                                        duration=duration, compile_backend=compile_backend)
+    elif serve_flags:
+        raise fail("--rates, --duration and --compile-backend apply to the serve benchmark only: laplace bench serve ...")
+    elif model is not None:
         if chosen != ["cpu1b"]:
-            raise fail("-m applies to the cpu1b benchmark only: laplace bench cpu1b -m MODEL")
+            raise fail("-m applies to the cpu1b and serve benchmarks only: laplace bench cpu1b -m MODEL")
         from functools import partial
 
         from agent.bench.cpu1b import bench_cpu1b
 
-        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(Settings.from_env().models_dir))
+        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(settings_of(ctx).models_dir))
+    elif chosen == ["serve"]:
+        benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
+                                        compile_backend=None)
     run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
+
+
+def _serve_pilot(settings: Settings, *, model: Optional[str], report_dir: str, rates: Optional[str],
+                 duration: Optional[float], compile_backend: Optional[str]):  # type: ignore[no-untyped-def]
+    """`laplace bench serve` with its own flags; --quick still picks the short defaults."""
+    from pathlib import Path
+
+    from agent.bench.serve import PilotConfig, run_pilot
+
+    changes: dict[str, object] = {"dtype": settings.dtype}  # LAPLACE_DTYPE: the server's and the replay's
+    if model is not None:
+        changes["model"] = model
+    if rates is not None:
+        try:
+            changes["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
+        except ValueError:
+            raise fail(f"--rates takes requests per second like 2,4,8, got {rates!r}") from None
+        if not changes["rates"] or min(changes["rates"]) <= 0:  # type: ignore[arg-type]
+            raise fail(f"--rates takes positive requests per second like 2,4,8, got {rates!r}")
+    if duration is not None:
+        if not 0 < duration <= 600:
+            raise fail("--duration is seconds per rate, between 0 and 600")
+        changes["duration_s"] = duration
+    if compile_backend is not None:
+        if compile_backend not in ("eager", "inductor", "none"):
+            raise fail(f"--compile-backend is eager, inductor or none, got {compile_backend!r}")
+        changes["compile_backend"] = compile_backend
+
+    def pilot(quick: bool) -> dict:
+        cfg = PilotConfig.quick(**changes) if quick else PilotConfig(**changes)  # type: ignore[arg-type]
+        return run_pilot(cfg, Path(report_dir), models_dir=settings.models_dir)
+
+    return pilot
 
 
 def _register_subcommands() -> None:
     from agent.cli import chat as cli_chat, finetune as cli_finetune, models as cli_models, probe as cli_probe, sessions as cli_sessions
+    from agent.cli import serve as cli_serve
 
     cli_chat.register(app)
+    cli_serve.register(app)
     app.add_typer(cli_sessions.app, name="sessions", help="Manage saved sessions.")
     app.add_typer(cli_probe.app, name="probe", help="Measure what a fixed state still remembers.")
     app.command("finetune")(cli_finetune.finetune_command)
@@ -115,9 +178,6 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    import sys
-
-    from agent.cli.chat import join_option_pairs
-
-    app(args=join_option_pairs(sys.argv[1:]), prog_name="laplace")
+def main() -> None:
+    """The console entry point: argv goes to the commands as given (see `OptionPairsCommand`)."""
+    app(prog_name="laplace")

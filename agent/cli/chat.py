@@ -6,15 +6,17 @@ the service and the TUI never construct their own dependencies.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from agent.cli.errors import fail as _fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "default"
 INITIAL_STATE_HELP = "Start new sessions from a learned initial state (laplace finetune --tune state)."
-OPTION_HELP = "Sampling option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop."
+OPTION_HELP = "Option KEY VALUE (or KEY=VALUE): temperature, top_k, top_p, repetition_penalty, max_new_tokens, seed, stop; recall refresh: refresh (on|off), refresh_tokens, refresh_horizon."
 
 # Options shared by `ask` and `chat` (one declaration each, so the two cannot drift).
 CONTINUE_OPT = typer.Option(False, "-c", "--continue", help="Continue the most recently updated session.")
@@ -44,13 +46,22 @@ def join_option_pairs(argv: list[str]) -> list[str]:
         if arg == "--":
             out.extend(argv[i:])
             break
-        if arg in ("-o", "--option") and i + 2 < len(argv) + 1 and i + 1 < len(argv) and "=" not in argv[i + 1] and i + 2 < len(argv):
+        if arg in ("-o", "--option") and i + 2 < len(argv) and "=" not in argv[i + 1]:
             out += [arg, f"{argv[i + 1]}={argv[i + 2]}"]
             i += 3
             continue
         out.append(arg)
         i += 1
     return out
+
+
+class OptionPairsCommand(TyperCommand):
+    """`chat` and `ask` read `-o KEY VALUE` pairs; only their own arguments are rewritten,
+    so another command's `-o` (`sessions export -o FILE`, `bench -o FILE`, `finetune -o DIR`)
+    keeps its one value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, join_option_pairs(args))
 
 
 def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
@@ -71,7 +82,7 @@ def _progress(label: str, done: int, total: int) -> None:
     typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", err=True, nl=done >= total)
 
 
-def open_service(*, model: Optional[str], session: Optional[str], cont: bool, device: str,
+def open_service(settings: Settings, *, model: Optional[str], session: Optional[str], cont: bool, device: str,
                  options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str],
                  defer_unusable: bool = False, initial_state: Optional[Path] = None) -> tuple["ChatService", Optional[Exception]]:
     """Resolve the model (a resumed session's own model unless -m is given), open the store,
@@ -80,51 +91,30 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
     With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
     state that cannot be used is returned as the second value with `defer_unusable` (the
     TUI asks the user), or else an error."""
+    from agent.chat.options import parse_pairs
     from agent.chat.service import ChatService
     from agent.chat.types import ChatError, StateUnusableError
-    from agent.runtime.checkpoint import ModelLoadError, load_model, resolve_model_path
-    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
-    from agent.runtime.quant import QUANT_MODES, quantize_loaded
-    from agent.runtime.sampling import SamplingOptions
+    from agent.probes.session_check import check_state
     from agent.cli.store import open_store
     from sessions import SessionError
 
-    settings = Settings.from_env()
     if session and cont:
         raise _fail("use either -c/--continue or --session ID, not both")
     if system is not None and (session or cont):
         raise _fail("--system applies to a new session; a resumed state has already read its system prompt (use /system in chat to start a new session)")
+    try:
+        given = parse_pairs(options)  # a resumed session keeps its stored options, with these on top
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     store = open_store(settings)
     try:
         target = None
         if session or cont:
-            target = store.get_session(session) if session else store.most_recent_session()
+            target = store.core.get_session(session) if session else store.browse.most_recent_session()
             if target is None:
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)
-        path = resolve_model_path(spec, settings.models_dir)
-        # Names (default, user models, presets) are stored as names, so a session survives the
-        # package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path.
-        from agent.runtime.checkpoint import PACKAGED_MODELS
-
-        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
-        model_id = spec if named else str(path.resolve())
-        try:
-            dev = resolve_device(device if device != "auto" else settings.device)
-            # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
-            quant = settings.dtype if settings.dtype in QUANT_MODES else None
-            lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
-            if quant:
-                quantize_loaded(lm, quant)
-        except ModelLoadError as exc:
-            hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
-            raise _fail(f"{exc}{hint}") from None
-        except (DeviceUnavailableError, ValueError) as exc:
-            raise _fail(str(exc)) from None
-        try:
-            opts = SamplingOptions().with_pairs(options)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
+        lm, model_id, dev = load_model_as(settings, spec, device)
         start = None
         if initial_state is not None:
             from agent.runtime.state import StateError as RuntimeStateError
@@ -137,14 +127,14 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
             except RuntimeStateError as exc:
                 raise _fail(f"initial state {initial_state}: {exc}") from None
         service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
-                              options=opts, initial_state=start)
+                              options=given, initial_state=start, check=check_state)
         unusable: Optional[Exception] = None
         try:
             if target is None:
                 service.new_session(system=system)
             else:
                 try:
-                    service.resume(target.uid)
+                    service.resume(target.uid, progress=lambda ev: _progress(ev.label, ev.done, ev.total))
                 except StateUnusableError as exc:
                     if defer_unusable and not rebuild_state:
                         unusable = exc
@@ -156,18 +146,47 @@ def open_service(*, model: Optional[str], session: Optional[str], cont: bool, de
                 if rebuild_state:
                     for ev in service.rebuild_state():
                         _progress(ev.label, ev.done, ev.total)
-                for key, value in options:
-                    service.set_option(key, value)
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None
+        except BaseException:  # e.g. Ctrl-C during a rebuild: give the session's lease back
+            service.close()
+            raise
         return service, unusable
     except SessionError as exc:
         store.close()
         raise _fail(str(exc)) from None
-    except typer.Exit:
+    except BaseException:
         store.close()
         raise
+
+
+def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[no-untyped-def]
+    """Load model `spec` on `device` (auto: the settings' device) in the settings' dtype;
+    returns (LoadedModel, the id sessions store for it, torch device). typer.Exit on failure.
+
+    Names (default, user models, presets) are stored as names, so a session survives the
+    package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
+    from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, load_model, resolve_model_path
+    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
+    from agent.runtime.quant import QUANT_MODES, quantize_loaded
+
+    try:
+        path = resolve_model_path(spec, settings.models_dir)
+        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
+        model_id = spec if named else str(path.resolve())
+        dev = resolve_device(device if device != "auto" else settings.device)
+        # LAPLACE_DTYPE=int8: load fp32, then int8 weight-only matmuls (faster for big models on CPU).
+        quant = settings.dtype if settings.dtype in QUANT_MODES else None
+        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir)
+        if quant:
+            quantize_loaded(lm, quant)
+    except ModelLoadError as exc:
+        hint = " (no default model is bundled in this build; try -m tiny, an untrained test model)" if spec == DEFAULT_MODEL else ""
+        raise _fail(f"{exc}{hint}") from None
+    except (DeviceUnavailableError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    return lm, model_id, dev
 
 
 def make_runner(model, device, settings: Settings):  # type: ignore[no-untyped-def]
@@ -204,6 +223,7 @@ def read_prompt(prompt: str) -> str:
 
 
 def ask(
+    ctx: typer.Context,
     prompt: str = typer.Argument(..., help="The message; '-' reads it from stdin."),
     cont: bool = CONTINUE_OPT,
     session: Optional[str] = SESSION_OPT,
@@ -216,12 +236,12 @@ def ask(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """One turn without the TUI: streamed to stdout and persisted like a TUI turn."""
-    from agent.chat.types import ChatError, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
+    from agent.chat.types import ChatError, ProgressEvent, StatsEvent, TokenEvent, TurnFinished, TurnResult, TurnStarted
 
     text = read_prompt(prompt)
-    service, _ = open_service(model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
+    service, _ = open_service(settings_of(ctx), model=model, session=session, cont=cont, device=device, options=parse_option_pairs(option),
                               rebuild_state=rebuild_state, system=system, initial_state=initial_state)
-    from agent.textsafe import displayable
+    from agent.display import displayable, json_for_terminal
 
     show = displayable if sys.stdout.isatty() else (lambda text: text)  # pipes get the exact bytes
     started = finished = stats = None
@@ -233,12 +253,15 @@ def ask(
                 sys.stdout.flush()
             elif isinstance(ev, TurnStarted):
                 started = ev
+            elif isinstance(ev, ProgressEvent):  # a long message being folded, on stderr
+                _progress(ev.label, ev.done, ev.total)
             elif isinstance(ev, StatsEvent):
                 stats = ev
             elif isinstance(ev, TurnFinished):
                 finished = ev.turn
     except KeyboardInterrupt:
-        typer.echo("\ncancelled: the partial reply was saved, marked cancelled", err=True)
+        typer.echo("\ncancelled: the partial reply was saved, marked cancelled" if started is not None else
+                   "\ncancelled: your message was saved; the state reads it when the session is next opened", err=True)
         raise typer.Exit(130) from None
     except ChatError as exc:
         raise _fail(str(exc)) from None
@@ -255,25 +278,24 @@ def ask(
         if started.recall_turn is not None:  # recall refresh folded a block before the message
             result.extra["recall"] = {"turn_id": started.recall_turn.id, "tokens": started.recall_turn.n_tokens,
                                       "text": started.recall_turn.content}
-        typer.echo(json.dumps(asdict(result), ensure_ascii=False))
+        typer.echo(json_for_terminal(asdict(result), indent=None))  # one line; no raw DEL or C1 controls
     else:
         sys.stdout.write("\n")
     if finished.status == "error":
         raise _fail("generation failed; the partial reply was saved, marked error")
 
 
-def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
+def load_keymap(path: Optional[Path], home: Path) -> dict[str, str] | None:
     """`[keys]` of a TOML file: binding id -> "key[,key]", checked before the model loads.
     Default: $LAPLACE_HOME/keymap.toml, used only if it exists; a --keymap file must exist."""
     import tomllib
 
-    from agent.tui.factory import known_binding_ids
-    from agent.tui.keymap import validate_keymap
+    from agent.tui.factory import checked_keymap
 
     if path is not None and not path.is_file():
         raise _fail(f"keymap {path} does not exist; check the --keymap path" if not path.exists()
                     else f"keymap {path} is not a file; pass a TOML file to --keymap")
-    path = path or Settings.from_env().home / "keymap.toml"
+    path = path or home / "keymap.toml"
     if not path.is_file():
         return None
     try:
@@ -288,12 +310,13 @@ def load_keymap(path: Optional[Path]) -> dict[str, str] | None:
     if not isinstance(keys, dict):
         raise _fail(f"keymap {path}: [keys] must be {table}")
     try:
-        return validate_keymap(keys, known_binding_ids())
+        return checked_keymap(keys)
     except ValueError as exc:
         raise _fail(f"{path}: {exc}") from None
 
 
 def chat(
+    ctx: typer.Context,
     cont: bool = CONTINUE_OPT,
     session: Optional[str] = SESSION_OPT,
     model: Optional[str] = MODEL_OPT,
@@ -305,8 +328,9 @@ def chat(
     initial_state: Optional[Path] = INITIAL_STATE_OPT,
 ) -> None:
     """The chat TUI: a new session, or resume one with -c / --session."""
-    keys = load_keymap(keymap)
-    service, unusable = open_service(model=model, session=session, cont=cont, device=device,
+    settings = settings_of(ctx)
+    keys = load_keymap(keymap, settings.home)
+    service, unusable = open_service(settings, model=model, session=session, cont=cont, device=device,
                                      options=parse_option_pairs(option), rebuild_state=rebuild_state,
                                      system=system, defer_unusable=True, initial_state=initial_state)
     from agent.tui.factory import create_app
@@ -323,5 +347,5 @@ def chat(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("ask")(ask)
-    app.command("chat")(chat)
+    app.command("ask", cls=OptionPairsCommand)(ask)
+    app.command("chat", cls=OptionPairsCommand)(chat)

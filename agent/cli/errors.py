@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from agent.textsafe import displayable
+from agent.display import displayable
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

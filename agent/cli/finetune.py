@@ -18,6 +18,7 @@ from typing import Any, Optional
 import typer
 
 from agent.cli.errors import fail as _fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 
@@ -29,12 +30,13 @@ def record_run(settings: Settings, summary: dict[str, Any]) -> None:
 
         settings.ensure_home()
         with SessionStore.open(settings.db_path) as store:
-            store.add_finetune_run(model_id=summary["base"], kind=f"finetune-{summary['tune']}", payload=summary)
+            store.browse.add_finetune_run(model_id=summary["base"], kind=f"finetune-{summary['tune']}", payload=summary)
     except Exception as exc:  # the run itself succeeded; never lose it to a DB problem
         typer.echo(f"warning: could not record the run in {settings.db_path} ({exc}); see {summary['out']}/metrics.jsonl", err=True)
 
 
 def finetune_command(
+    ctx: typer.Context,
     data: list[Path] = typer.Argument(..., help="Text files or folders, JSONL chat, or `laplace sessions export --format json` files."),
     model: str = typer.Option("default", "-m", "--model", help="Base model: directory, user model name or preset."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory: a model directory `laplace chat -m` loads."),
@@ -73,7 +75,7 @@ def finetune_command(
     from agent.train.config import TrainConfig, TrainConfigError
     from agent.train.data import DataError
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     try:
         cfg = TrainConfig(
             data=tuple(str(d) for d in data), out=str(out), base=model, steps=steps, tokens=tokens, seq_len=seq_len,
@@ -146,7 +148,7 @@ class _Progress:
         self.bar.__exit__(*exc)  # type: ignore[arg-type]
 
     def log(self, msg: str) -> None:
-        from agent.textsafe import displayable
+        from agent.display import displayable
 
         # Messages quote file names and records: show their control characters, never run them.
         self.bar.console.print(displayable(msg), markup=False, highlight=False)

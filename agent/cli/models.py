@@ -1,6 +1,7 @@
 """`laplace pull` and `laplace import`: bring a public pretrained checkpoint in as a model.
 
-Both end in `$LAPLACE_HOME/models/NAME`, which `laplace chat -m NAME` (and probe, finetune,
+A Llama (a Hugging Face directory or a llama.cpp GGUF file) becomes a window hybrid whose
+window, sinks and GLA branch are import options. Both end in `$LAPLACE_HOME/models/NAME`, which `laplace chat -m NAME` (and probe, finetune,
 bench, info) then loads like any model directory. A failed pull or import leaves nothing
 under models/.
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from agent.cli.errors import fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 if TYPE_CHECKING:  # the runtime (and torch) loads only inside the commands
@@ -36,20 +38,23 @@ def _target(settings: Settings, name: str) -> Path:
     return out
 
 
-def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str) -> "LoadedModel":
-    from agent.importers import CheckpointError, import_checkpoint
+def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, label: str, hybrid: Optional[dict] = None) -> "LoadedModel":
+    from agent.importers import CheckpointError, HybridOptions, import_checkpoint
 
     typer.echo(f"converting {label} ...", err=True)
     try:
+        options = HybridOptions(**hybrid) if hybrid else None
         # Written under $LAPLACE_HOME/partial and renamed into models/ once it loads.
         lm = import_checkpoint(src, out, name=out.name, tokenizer_dir=tokenizer, plain_template=plain, source_label=label,
-                               work_dir=out.parent.parent / "partial")
+                               work_dir=out.parent.parent / "partial", hybrid=options)
     except CheckpointError as exc:
         raise fail(str(exc)) from None
     c = lm.config
+    shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}" if c.mixer == "window"
+             else f"{c.n_heads} heads of {c.head_k_dim} x {c.head_v_dim}")
     typer.echo(
-        f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {c.n_heads} heads of "
-        f"{c.head_k_dim} x {c.head_v_dim}, state {c.state_bytes():,} bytes, chat template {lm.card.get('chat_template')}"
+        f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {shape}, "
+        f"state {c.state_bytes():,} bytes, chat template {lm.card.get('chat_template')}"
     )
     typer.echo(f"chat with it: laplace chat -m {out.name}")
     return lm
@@ -69,26 +74,46 @@ def _self_check(lm: "LoadedModel") -> None:
     typer.echo("self-check: ok")
 
 
+def _downloaded(folder: Path) -> bool:
+    """Whether a download folder holds any bytes of the checkpoint: a file, or a partial one
+    the hub client resumes (not its empty lock files or the .gitignore it writes first)."""
+    return any(p.is_file() and p.name != ".gitignore" and p.stat().st_size > 0 for p in folder.rglob("*"))
+
+
 def import_command(
-    path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba or Mamba2ForCausalLM)."),
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="A Hugging Face checkpoint directory (Llamba, Mamba2ForCausalLM, LlamaForCausalLM) or a Llama GGUF file."),
     out: str = typer.Option(..., "--out", "--name", help="Name of the new model under $LAPLACE_HOME/models."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Directory with tokenizer.json, if the checkpoint lacks one."),
     plain_template: bool = typer.Option(False, "--plain-template", help="Ignore the checkpoint's chat template; use plain User:/Assistant: turns."),
     check: bool = typer.Option(False, "--check", help="After importing, print perplexity on an English paragraph and a greedy reply."),
+    window: Optional[int] = typer.Option(None, "--window", help="Llama: tokens of softmax attention kept (default 256)."),
+    sinks: Optional[int] = typer.Option(None, "--sinks", help="Llama: first tokens always attended (default 4)."),
+    gla: Optional[bool] = typer.Option(None, "--gla/--no-gla", help="Llama: a GLA branch over the tokens older than the window (default on)."),
+    combine: Optional[str] = typer.Option(None, "--combine", help="Llama: how the branch joins the window: softmax (one normalisation) or gated."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     src = Path(path).expanduser()
-    if not src.is_dir():
-        raise fail(f"checkpoint directory {src} does not exist" + (" (it is a file; give its directory)" if src.exists() else ""))
+    if not src.exists():
+        raise fail(f"checkpoint directory {src} does not exist")
+    if src.is_file() and src.suffix.lower() != ".gguf":
+        raise fail(f"checkpoint {src}: it is a file, not a .gguf; give its directory or a GGUF file")
+    if combine is not None and combine not in ("softmax", "gated"):
+        raise fail(f"--combine takes softmax or gated, not {combine!r}")
+    for flag, value in (("--window", window), ("--sinks", sinks)):
+        if value is not None and value < (1 if flag == "--window" else 0):
+            raise fail(f"{flag} must be {'at least 1' if flag == '--window' else '0 or more'}, not {value}")
+    hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine}.items() if v is not None}
     target = _target(settings, out)
     lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,
-                  label=str(src.resolve()))
+                  label=str(src.resolve()), hybrid=hybrid or None)
     if check:
         _self_check(lm)
 
 
 def pull_command(
+    ctx: typer.Context,
     repo_id: str = typer.Argument(..., help="A Hub repo id, e.g. cartesia-ai/Llamba-1B."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the repo's name, lowercased)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Repo id to take tokenizer files from, if the model's repo has none."),
@@ -101,7 +126,7 @@ def pull_command(
     from agent.importers.hub import TOKENIZER_FILES, download_dir, fetch
     from agent.importers.source import CheckpointError
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     target = _target(settings, name or repo_id.rsplit("/", 1)[-1].lower())
     downloads = settings.home / "downloads"
     src = download_dir(downloads, repo_id)
@@ -111,7 +136,12 @@ def pull_command(
         if tokenizer and tok_dir is not None:
             fetch(tokenizer, tok_dir, patterns=TOKENIZER_FILES)
     except CheckpointError as exc:
-        raise fail(f"{exc} (what was downloaded is kept in {downloads}; run the same pull again to resume)") from None
+        kept = [d for d in (src, tok_dir) if d is not None and _downloaded(d)]
+        for d in (src, tok_dir, downloads):  # what holds nothing is not left behind
+            if d is not None and d.is_dir() and not _downloaded(d):
+                shutil.rmtree(d, ignore_errors=True)
+        resume = f" (what was downloaded is kept in {kept[0]}; run the same pull again to resume)" if kept else ""
+        raise fail(f"{exc}{resume}") from None
     lm = _convert(src, target, tokenizer=tok_dir, plain=plain_template, label=repo_id)
     if not keep_download:
         shutil.rmtree(src, ignore_errors=True)

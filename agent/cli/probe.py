@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from agent.cli.errors import fail as _fail
+from agent.cli.store import settings_of
 from agent.settings import Settings
 
 app = typer.Typer(help="Measure what a fixed state still remembers.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -57,6 +57,7 @@ def _threads(n: int) -> None:
 
 @app.command("run")
 def run(
+    ctx: typer.Context,
     model: str = MODEL_OPT,
     suite: str = typer.Option("quick", "--suite", help="smoke | quick | standard | full | refresh"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds; the suite shrinks to fit and lists what it skipped (default: quick 45, standard 600)."),
@@ -83,7 +84,7 @@ def run(
     from agent.probes.table import render
     from agent.probes.tasks import STYLES, default_style
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     try:
         chosen = get_suite(suite)
     except ValueError as exc:
@@ -136,6 +137,7 @@ def run(
 
 @app.command("natural")
 def natural(
+    ctx: typer.Context,
     model: str = MODEL_OPT,
     distances: str = typer.Option("0,256,512,1024,2048", "--distances", help="Comma-separated token distances, e.g. 0,256,512,2048."),
     trials: int = typer.Option(16, "--trials", help="Conversations per distance (spread over the concepts)."),
@@ -150,7 +152,7 @@ def natural(
     often a detail never given is answered "not told"; refresh off and on in one run."""
     from agent.probes.natural import render as render_natural
     from agent.probes.natural import run_natural
-    from agent.textsafe import json_for_terminal
+    from agent.display import displayable, json_for_terminal
 
     try:
         ds = [int(x) for x in distances.split(",") if x.strip()]
@@ -163,13 +165,14 @@ def natural(
     _refresh_mode(refresh)
     if out is not None and not out.parent.is_dir():  # before the run, not after it
         raise _fail(f"cannot write {out}: no folder {out.parent}; create it or give another --out")
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     _threads(threads)
     loaded, dev = _load(model, device or settings.device, settings)
     t0 = time.perf_counter()
     report = run_natural(loaded, distances=ds, trials=trials, refresh=refresh, seed=seed, device=dev)
     report["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    typer.echo(json_for_terminal(report) if as_json else render_natural(report) + f"\ntime   {report['elapsed_s']} s")
+    # Replies are model output: shown, their control characters are made visible.
+    typer.echo(json_for_terminal(report) if as_json else displayable(render_natural(report)) + f"\ntime   {report['elapsed_s']} s")
     if out is not None:
         try:
             out.write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -184,7 +187,7 @@ def _record(settings: Settings, report: dict[str, Any]) -> None:
     try:
         settings.ensure_home()
         with SessionStore.open(settings.db_path) as store:
-            run = store.add_probe_run(model_id=report["model"]["name"], suite=report["suite"]["name"], payload=report)
+            run = store.browse.add_probe_run(model_id=report["model"]["name"], suite=report["suite"]["name"], payload=report)
         typer.echo(f"stored probe run {run.uid[:8]} in {settings.db_path}")
     except (SessionError, OSError) as exc:
         typer.echo(f"warning: probe run not stored in the database: {exc}", err=True)
@@ -227,6 +230,7 @@ def _file_digest(db: Path) -> str:
 
 @app.command("session")
 def session(
+    ctx: typer.Context,
     session_id: str = typer.Argument(..., help="Session id (a unique prefix is enough)."),
     ask: str = typer.Option(..., "--ask", help="The question, e.g. 'What is my locker code?'"),
     expect: Optional[str] = typer.Option(None, "--expect", help="The answer it should remember; without it, print the model's answer."),
@@ -238,7 +242,7 @@ def session(
     """Ask a copy of a saved session's state; the database is opened read-only and left byte-identical."""
     if expect is not None and not expect.strip():
         raise _fail("--expect must not be empty")
-    settings = Settings.from_env()
+    settings = settings_of(ctx)
     db = settings.db_path
     if not db.exists():
         raise _fail(f"no session database at {db}")
@@ -266,18 +270,18 @@ def _check(store, settings: Settings, session_id: str, ask: str, expect: str | N
     from agent.probes.session_check import check_session
     from agent.runtime.state import StateError as RuntimeStateError
 
-    s = store.get_session(session_id)
-    turn = store.get_turn(turn_id if turn_id is not None else s.head_turn_id)
+    s = store.core.get_session(session_id)
+    turn = store.tree.get_turn(turn_id if turn_id is not None else s.head_turn_id)
     if turn.session_id != s.id:
         raise _fail(f"turn {turn.id} is not in session {s.short_id}")
-    snap = store.latest_snapshot(s.id, turn.id)
+    snap = store.states.latest(s.id, turn.id)
     if snap is None:
         raise _fail(f"session {s.short_id} has no saved state on this branch; resume it once with `laplace chat` to save one")
     loaded, _ = _load(model or s.model_id, device or settings.device, settings)
-    data = store.load_state(snap, expected_fingerprint=loaded.fingerprint)
+    data = store.states.load(snap, expected_fingerprint=loaded.fingerprint)
     fold: list[int] = []
     if snap.turn_id != turn.id:  # the snapshot predates the turn: fold only the turns since it
-        for ids in store.branch_token_ids(s.id, turn.id, after_turn_id=snap.turn_id):
+        for ids in store.tree.branch_token_ids(s.id, turn.id, after_turn_id=snap.turn_id):
             fold += ids
     mention = _mention(store, s, turn, expect, loaded.tokenizer) if expect else None
     try:
@@ -293,16 +297,16 @@ def _mention(store, s, turn, expect: str, tok):  # type: ignore[no-untyped-def]
     full-text index (not a scan of the history), with tokens and turns since."""
     from agent.probes.session_check import Mention, find_mention
 
-    hits = [h for h in store.search(expect, limit=200, include_archived=True) if h.session_uid == s.uid]
-    turns = sorted((store.get_turn(h.turn_id) for h in hits), key=lambda t: -t.depth)
+    hits = [h for h in store.browse.search(expect, limit=200, include_archived=True) if h.session_uid == s.uid]
+    turns = sorted((store.tree.get_turn(h.turn_id) for h in hits), key=lambda t: -t.depth)
     for t in turns:
         if t.depth > turn.depth or expect not in t.content:
             continue
         if t.id != turn.id:
-            between = store.page_before(s.id, turn.id, limit=turn.depth - t.depth)
+            between = store.tree.page_before(s.id, turn.id, limit=turn.depth - t.depth)
             if not between or between[0].id != t.id:
                 continue  # on another branch
-        after = find_mention(store.turn_token_ids(t.id), [tok.encode(expect), tok.encode(" " + expect)])
+        after = find_mention(store.tree.turn_token_ids(t.id), [tok.encode(expect), tok.encode(" " + expect)])
         within = after if after is not None else 0
         return Mention(turn_id=t.id, turns_since=turn.depth - t.depth, tokens_since=turn.tokens_total - t.tokens_total + within)
     return None
@@ -327,6 +331,3 @@ def _print_check(d: dict[str, Any]) -> None:
                  f"bytes {'unchanged' if d['bytes_unchanged'] else 'CHANGED'}, database {'unchanged' if d['database_unchanged'] else 'CHANGED'}")
     typer.echo("\n".join(lines))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    app(sys.argv[1:])

@@ -1,7 +1,9 @@
 """`laplace sessions ...`: list, show, rename, rm, fork, export, search, archive, retention.
 
-Imports only typer/rich, `sessions` and `agent.settings` (never torch), so managing
-sessions starts in a fraction of a second. Commands parse arguments and call the store;
+Imports only typer/rich, `sessions`, `agent.display` and the CLI's own store helpers
+(never torch; `verify --replay`, and `fork` where it must replay, load the model inside the
+command), so managing sessions
+starts in a fraction of a second. Commands parse arguments and call the store;
 every SessionError or unusable data directory becomes one `error: ...` line on stderr and
 exit code 1. Stored text (names, turns, snippets) is user or model data: it is printed as
 plain text, never as rich markup, with terminal control characters made visible.
@@ -20,10 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agent.cli.store import session_store
-from agent.settings import Settings
-from agent.textsafe import displayable, json_for_terminal
-from agent.units import human_bytes
+from agent.cli.store import session_store, settings_of
+from agent.display import displayable, human_bytes, json_for_terminal
 from sessions import SessionStore, SessionSummary
 from sessions.export import session_dict
 
@@ -31,8 +31,8 @@ app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix
 
 
 @contextmanager
-def _store() -> Iterator[SessionStore]:
-    with session_store(Settings.from_env()) as store:
+def _store(ctx: typer.Context) -> Iterator[SessionStore]:
+    with session_store(settings_of(ctx)) as store:
         yield store
 
 
@@ -65,13 +65,14 @@ def _summary_dict(item: SessionSummary) -> dict[str, Any]:
 
 @app.command("list")
 def list_(
+    ctx: typer.Context,
     all_: bool = typer.Option(False, "--all", "-a", help="Include archived sessions."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Show at most N sessions."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Sessions, most recently used first."""
-    with _store() as store:
-        items = store.list_sessions(include_archived=all_, limit=limit)
+    with _store(ctx) as store:
+        items = store.browse.list_sessions(include_archived=all_, limit=limit)
     if as_json:
         typer.echo(json_for_terminal([_summary_dict(i) for i in items]))
         return
@@ -88,17 +89,18 @@ def list_(
 
 @app.command()
 def show(
+    ctx: typer.Context,
     session_id: str = typer.Argument(..., help="Session id or unique prefix."),
     turns: int = typer.Option(10, "--turns", "-t", help="How many recent turns to show."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Details of one session: branch, snapshots, retention policy, recent turns."""
-    with _store() as store:
-        item = store.summary(session_id)
+    with _store(ctx) as store:
+        item = store.browse.summary(session_id)
         s = item.session
-        snaps = store.snapshots(s.id)
-        tail = store.tail(s.id, turns)
-        lease = store.lease_holder(s.id)
+        snaps = store.states.all(s.id)
+        tail = store.tree.tail(s.id, turns)
+        lease = store.leases.holder(s.id)
     policy = f"latest snapshot per branch + {s.keep_snapshots} older"
     if as_json:
         typer.echo(json_for_terminal({
@@ -128,62 +130,93 @@ def show(
 
 
 @app.command()
-def rename(session_id: str, name: str) -> None:
+def rename(ctx: typer.Context, session_id: str, name: str) -> None:
     """Give a session a name."""
-    with _store() as store:
-        s = store.rename_session(session_id, name)
+    with _store(ctx) as store:
+        s = store.turns.rename_session(session_id, name)
     typer.echo(f"renamed {s.short_id} to {displayable(repr(name))}")
 
 
 @app.command("rm")
 def rm(
+    ctx: typer.Context,
     session_id: str,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
     """Delete a session, its transcript and its states, for good."""
-    with _store() as store:
-        item = store.summary(session_id)
+    with _store(ctx) as store:
+        item = store.browse.summary(session_id)
         label = f"{item.session.short_id} ({displayable(item.session.name or 'unnamed')}, {item.turns} turns)"
         if not yes and not typer.confirm(f"delete session {label}? this cannot be undone"):
             typer.echo("aborted", err=True)
             raise typer.Exit(1)
-        store.delete_session(item.session.id)
+        store.browse.delete_session(item.session.id)
     typer.echo(f"deleted {label}")
 
 
 @app.command()
 def archive(
+    ctx: typer.Context,
     session_id: str,
     undo: bool = typer.Option(False, "--undo", help="Unarchive instead."),
 ) -> None:
     """Hide a session from `list` (kept intact; `list --all` shows it)."""
-    with _store() as store:
-        s = store.set_archived(session_id, not undo)
+    with _store(ctx) as store:
+        s = store.turns.set_archived(session_id, not undo)
     typer.echo(f"{'unarchived' if undo else 'archived'} {s.short_id}")
 
 
 @app.command()
-def retention(session_id: str, keep: int = typer.Argument(..., min=0, help="Older snapshots to keep per branch.")) -> None:
+def retention(ctx: typer.Context, session_id: str,
+              keep: int = typer.Argument(..., min=0, help="Older snapshots to keep per branch.")) -> None:
     """Set how many older snapshots a session keeps per branch besides the latest."""
-    with _store() as store:
-        store.set_keep_snapshots(session_id, keep)
+    with _store(ctx) as store:
+        store.states.set_keep(session_id, keep)
     typer.echo(f"retention: latest snapshot per branch + {keep} older")
 
 
 @app.command()
 def fork(
+    ctx: typer.Context,
     session_id: str,
     at: Optional[int] = typer.Option(None, "--at", help="Turn id to fork at (default: the head)."),
     name: Optional[str] = typer.Option(None, "--name", help="Name of the new session."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for a replay, when no state up to the turn was kept (default: the session's own)."),
+    device: str = typer.Option("auto", "--device", help="Device for that replay: auto | cpu | cuda | neuron."),
 ) -> None:
-    """Copy a session (up to a turn) into a new session with its state."""
-    with _store() as store:
-        new = store.fork(session_id, at, name=name)
+    """Copy a session (up to a turn) into a new session with its state. Where retention
+    pruned every state up to that turn, the copy's transcript is replayed into one."""
+    with _store(ctx) as store:
+        new = store.browse.fork(session_id, at, name=name)
+        stateless = store.states.latest(new.id) is None
+        tokens = store.tree.get_turn(new.head_turn_id).tokens_total
+    if stateless:
+        _replay_fork(ctx, new.uid, model, device)
+        typer.echo(f"forked at turn {new.forked_from_turn_id}, where retention had kept no state: replayed its "
+                   f"{tokens:,} tokens into a new one", err=True)
     typer.echo(new.uid)
+
+
+def _replay_fork(ctx: typer.Context, uid: str, model: Optional[str], device: str) -> None:
+    """Give a fork that has no state one, by replaying its transcript with the model (the
+    rebuild `laplace chat --rebuild-state` runs, with its progress bar). If that fails or is
+    interrupted, the fork is deleted again: the command leaves a usable fork or nothing."""
+    from agent.cli.chat import open_service
+
+    try:
+        service, _ = open_service(settings_of(ctx), model=model, session=uid, cont=False, device=device, options=[],
+                                  rebuild_state=True, system=None)
+    except BaseException:
+        with _store(ctx) as store:
+            store.browse.delete_session(uid)
+        raise
+    service.close()
+    service.store.close()
 
 
 @app.command()
 def export(
+    ctx: typer.Context,
     session_id: str,
     fmt: str = typer.Option("markdown", "--format", "-f", help="markdown or json."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
@@ -192,9 +225,9 @@ def export(
     if fmt not in ("markdown", "md", "json"):
         typer.echo(f"error: unknown format {fmt!r}; use markdown or json", err=True)
         raise typer.Exit(1)
-    with _store() as store:
-        text = (json_for_terminal(store.export_json(session_id)) + "\n"
-                if fmt == "json" else store.export_markdown(session_id))
+    with _store(ctx) as store:
+        text = (json_for_terminal(store.browse.export_json(session_id)) + "\n"
+                if fmt == "json" else store.browse.export_markdown(session_id))
     if output is None:
         # A terminal gets control characters as symbols; a pipe gets the exact text.
         sys.stdout.write(displayable(text) if _stdout_is_terminal() else text)
@@ -209,14 +242,15 @@ def export(
 
 @app.command()
 def search(
+    ctx: typer.Context,
     query: str,
     limit: int = typer.Option(20, "--limit", "-n"),
     all_: bool = typer.Option(False, "--all", "-a", help="Include archived sessions."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Full-text search over every transcript."""
-    with _store() as store:
-        hits = store.search(query, limit=limit, include_archived=all_)
+    with _store(ctx) as store:
+        hits = store.browse.search(query, limit=limit, include_archived=all_)
     if as_json:
         typer.echo(json_for_terminal([{"session": h.session_uid, "session_name": h.session_name, "turn_id": h.turn_id,
                                        "role": h.role, "snippet": h.snippet, "created_at": h.created_at} for h in hits]))
@@ -229,11 +263,12 @@ def search(
         out.print(Text.assemble(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: ", _text(h.snippet)), soft_wrap=True)
 
 
-# ---- verify: a deep check of state vs transcript (the logic lives in agent/sessions_verify.py)
+# ---- verify: a deep check of state vs transcript (the logic lives in agent/chat/verify.py)
 
 
 @app.command()
 def verify(
+    ctx: typer.Context,
     session_id: str = typer.Argument(..., help="Session id or unique prefix."),
     replay: bool = typer.Option(False, "--replay", help="Also replay the transcript with the model and compare the stored state (O(history))."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model for --replay (default: the session's own)."),
@@ -241,13 +276,31 @@ def verify(
 ) -> None:
     """Recompute the hash chain over the current branch's token ids and check its snapshots;
     exit 1 with the way out (--rebuild-state) if the state disagrees with the transcript."""
+    from agent.chat.verify import VerifyFailed, verify_session
     from agent.cli.errors import fail
-    from agent.sessions_verify import VerifyFailed, verify_session
 
+    settings = settings_of(ctx)
     try:
-        with _store() as store:
-            lines = verify_session(store, session_id, replay=replay, model=model, device=device)
+        with _store(ctx) as store:
+            lines = verify_session(store, session_id)
+            if replay:
+                lines.append(_replay(store, session_id, model, device or settings.device, settings.models_dir))
     except VerifyFailed as exc:
         raise fail(str(exc)) from None
     for line in lines:
         typer.echo(line)
+
+
+def _replay(store: SessionStore, ref: str, model: Optional[str], device: str, models_dir: Path) -> str:
+    """Load the model (the session's own unless -m) and compare a replay with the stored state."""
+    from agent.chat.verify import VerifyFailed, compare_replay, newest_snapshot
+    from agent.runtime.checkpoint import ModelLoadError, load_model
+    from agent.runtime.device import DeviceUnavailableError, resolve_device
+    from agent.runtime.generation import EagerRunner
+
+    session, snap = newest_snapshot(store, ref)
+    try:
+        lm = load_model(model or session.model_id, device=resolve_device(device), models_dir=models_dir)
+    except (ModelLoadError, DeviceUnavailableError) as exc:
+        raise VerifyFailed(str(exc)) from None
+    return compare_replay(store, session, snap, lm, EagerRunner(lm.model)).line()

@@ -1,4 +1,4 @@
-"""The data directory and the session database as every command opens them.
+"""The settings, the data directory and the session database as every command opens them.
 
 One place turns the ways LAPLACE_HOME can be unusable (a file, under a file, not creatable,
 read-only, a laplace.db that is not a database) into one `error:` line that names the cause
@@ -17,6 +17,15 @@ import typer
 from agent.cli.errors import fail
 from agent.settings import Settings
 from sessions import SessionError, SessionStore
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """The settings `laplace` read from the environment once, before any command ran (the
+    root callback in agent/cli/__init__.py); commands pass them down from here."""
+    settings = ctx.obj
+    if not isinstance(settings, Settings):
+        raise RuntimeError("laplace commands run under agent.cli.app, whose callback reads the settings")
+    return settings
 
 
 def _first_file_above(path: Path) -> Path | None:

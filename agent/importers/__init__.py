@@ -1,8 +1,9 @@
-"""Import public pretrained checkpoints of the family into laplace model directories.
+"""Import public pretrained checkpoints into laplace model directories.
 
 `import_checkpoint(src, dest)` reads a Hugging Face checkpoint directory (Llamba or
-Mamba2ForCausalLM), maps its weights onto the `ssd` mixer, renders its chat template into
-a `SegmentTemplate`, checks that the result loads and runs, and only then moves it into
+Mamba2ForCausalLM onto the `ssd` mixer; LlamaForCausalLM onto the `window` hybrid) or a
+llama.cpp GGUF file of a Llama (the window hybrid), renders its chat template into a
+`SegmentTemplate`, checks that the result loads and runs, and only then moves it into
 place: a failure at any step leaves nothing at `dest`. Imports the runtime only.
 """
 
@@ -14,16 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from agent.importers.chat_format import describe, segment_template
-from agent.importers.families import detect, map_weights
+from agent.importers.families import SYNTHESIZED, detect, map_weights
+from agent.importers.gguf_source import is_gguf, read_gguf
+from agent.importers.llama import HybridOptions, hf_llama_shape, hybrid_weights
 from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, model_from_tensors, save_model_dir
+from agent.runtime.config import LaplaceConfig
+from agent.runtime.templates import SegmentTemplate
 from agent.runtime.tokenizer import Tokenizer
 
-__all__ = ["CheckpointError", "import_checkpoint", "inspect_checkpoint"]
+__all__ = ["CheckpointError", "HybridOptions", "import_checkpoint", "inspect_checkpoint"]
 
 
 def inspect_checkpoint(src: str | Path) -> tuple[str, dict[str, Any]]:
-    """(family, config.json) of a checkpoint directory; family is 'llamba' | 'mamba2'."""
+    """(family, config.json) of a checkpoint directory; family is 'llamba' | 'mamba2' | 'llama'."""
     root = Path(src)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist" + (" (it is a file)" if root.exists() else ""))
@@ -34,31 +39,67 @@ def inspect_checkpoint(src: str | Path) -> tuple[str, dict[str, Any]]:
 def import_checkpoint(
     src: str | Path, dest: str | Path, *, name: str, tokenizer_dir: str | Path | None = None,
     plain_template: bool = False, source_label: str | None = None, work_dir: str | Path | None = None,
+    hybrid: HybridOptions | None = None,
 ) -> LoadedModel:
-    """Convert `src` into a model directory at `dest` (which must not exist yet). It is
-    written in `work_dir` (default: beside `dest`; on the same filesystem) and renamed into
-    place once it loads, so even a killed import leaves no partial model at `dest`."""
+    """Convert `src` (a checkpoint directory or a GGUF file) into a model directory at
+    `dest` (which must not exist yet). It is written in `work_dir` (default: beside `dest`;
+    on the same filesystem) and renamed into place once it loads, so even a killed import
+    leaves no partial model at `dest`. `hybrid` sets the window hybrid a Llama becomes."""
     root, out = Path(src), Path(dest)
     if out.exists():
         raise CheckpointError(f"{out} already exists; choose another --out name or remove it first")
-    family, cfg = inspect_checkpoint(root)
-    files = find_tokenizer(root, Path(tokenizer_dir) if tokenizer_dir else None)
-    try:
-        tok = Tokenizer.from_file(files.tokenizer_json)
-    except Exception as exc:  # tokenizers raises its own Exception type
-        raise CheckpointError(f"{files.tokenizer_json} is not a valid tokenizer ({exc}); download it again") from None
-    template = segment_template(files, tok, plain=plain_template)
-    config, tensors = map_weights(family, cfg, load_weights(root))
-    config = config.replace(name=name)
+    label = source_label or str(root.resolve())
+    if root.is_file():
+        if not is_gguf(root):
+            raise CheckpointError(f"{root} is a file but not a GGUF; give a checkpoint directory or a .gguf file")
+        if tokenizer_dir is not None:
+            raise CheckpointError("a GGUF carries its own tokenizer; drop --tokenizer")
+        loaded = _from_gguf(root, name=name, plain=plain_template, label=label, hybrid=hybrid or HybridOptions())
+    else:
+        family, cfg = inspect_checkpoint(root)
+        if hybrid is not None and family != "llama":
+            raise CheckpointError(f"window options apply to Llama checkpoints; this one is {family}")
+        files = find_tokenizer(root, Path(tokenizer_dir) if tokenizer_dir else None)
+        try:
+            tok = Tokenizer.from_file(files.tokenizer_json)
+        except Exception as exc:  # tokenizers raises its own Exception type
+            raise CheckpointError(f"{files.tokenizer_json} is not a valid tokenizer ({exc}); download it again") from None
+        template = segment_template(files, tok, plain=plain_template)
+        if family == "llama":
+            config, tensors = hybrid_weights(hf_llama_shape(cfg), load_weights(root), hybrid or HybridOptions(), name=name)
+        else:
+            config, tensors = map_weights(family, cfg, load_weights(root))
+            config = config.replace(name=name)
+        card = {"name": name, "family": family, "source": label,
+                "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", "")}
+        if family in SYNTHESIZED:
+            card["synthesized_parameters"] = SYNTHESIZED[family]
+        loaded = _loaded(config, tensors, tok, template, card, where=root)
+    return _install(loaded, out, work_dir)
+
+
+def _from_gguf(path: Path, *, name: str, plain: bool, label: str, hybrid: HybridOptions) -> LoadedModel:
+    g = read_gguf(path)
+    config, tensors = hybrid_weights(g.shape, g.tensors, hybrid, name=name)
+    template = segment_template(g.files, g.tokenizer, plain=plain)
+    quants = ", ".join(f"{k} x{v}" for k, v in sorted(g.quants.items(), key=lambda kv: -kv[1]))
+    card = {"name": name, "family": "llama", "source": label, "teacher": g.name, "gguf_quants": quants, "weights_dtype": "float32"}
+    return _loaded(config, tensors, g.tokenizer, template, card, where=path)
+
+
+def _loaded(config: LaplaceConfig, tensors: dict[str, Any], tok: Tokenizer, template: SegmentTemplate, card: dict[str, Any],
+            *, where: Path) -> LoadedModel:
     if tok.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.vocab_size}; this tokenizer belongs to another model")
     try:
-        model = model_from_tensors(config, {k: v.contiguous() for k, v in tensors.items()}, where=root).eval()
+        model = model_from_tensors(config, {k: v.contiguous() for k, v in tensors.items()}, where=where).eval()
     except ModelLoadError as exc:
         raise CheckpointError(f"{exc}; the checkpoint is not a plain model of its family") from None
-    card: dict[str, Any] = {"name": name, "family": family, "source": source_label or str(root.resolve()),
-                            "weights_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""), **describe(template)}
-    loaded = LoadedModel(model, tok, template, name=name, card=card)
+    return LoadedModel(model, tok, template, name=config.name, card={**card, **describe(template)})
+
+
+def _install(loaded: LoadedModel, out: Path, work_dir: str | Path | None) -> LoadedModel:
+    """Write `loaded` in a temporary directory, load it back strictly, then rename it to `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else out.parent
     work.mkdir(parents=True, exist_ok=True)

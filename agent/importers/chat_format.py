@@ -7,7 +7,8 @@ prefix-stable (rendering one more message only appends text), as chat templates 
 to be; one that is not is refused with a way out (`--plain-template`).
 
 A checkpoint without a template (a base model) gets a plain one: "User: ...", "Assistant:
-..."; its reply ends at the end-of-text token or at a blank line.
+..."; its reply ends at the end-of-text token or at a blank line. It starts with the BOS
+that transformers would put before any text: the one the tokenizer's post-processor adds.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def stop_tokens(files: TokenizerFiles, tok: Tokenizer) -> list[str]:
 def segment_template(files: TokenizerFiles, tok: Tokenizer, *, plain: bool = False) -> SegmentTemplate:
     stops = stop_tokens(files, tok)
     if plain or not files.chat_template:
-        return plain_template(tok, stops)
+        return plain_template(tok, stops, bos=added_bos(files, tok))
     try:
         return _render_segments(files, stops)
     except CheckpointError:
@@ -108,16 +109,41 @@ def _render_segments(files: TokenizerFiles, stops: list[str]) -> SegmentTemplate
         reply_open = assistant[0]
     roles = {"system": (sys_prefix, sys_suffix), "user": user, "assistant": (reply_open, assistant[1]),
              "document": user}  # attached files and recall blocks: a user turn that says what it is
-    return SegmentTemplate(roles_text=roles, reply_open=reply_open, bos=bos, stop_tokens=tuple(stops), source="jinja")
+    default = _default_system(render, bos, first, roles) if first else ""
+    return SegmentTemplate(roles_text=roles, reply_open=reply_open, bos=bos, stop_tokens=tuple(stops), source="jinja",
+                           default_system=default)
 
 
-def plain_template(tok: Tokenizer, stops: list[str]) -> SegmentTemplate:
-    """For base models: plain-text turns; a blank line ends a reply when it is one token."""
+def _default_system(render: Any, bos: str, first: list[dict[str, str]], roles: dict[str, tuple[str, str]]) -> str:
+    """The system prompt a template writes on its own when a chat has none: the text
+    between the system prefix and suffix when a lone user message is rendered ("" if the
+    template writes no system message then)."""
+    user = {"role": "user", "content": PLACEHOLDER.format(n=1)}
+    text = render([user])
+    (sp, ss), (up, us) = roles["system"], roles["user"]
+    head, tail = bos + sp, ss + up + user["content"] + us
+    if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
+        return text[len(head): len(text) - len(tail)]
+    return ""
+
+
+def added_bos(files: TokenizerFiles, tok: Tokenizer) -> str:
+    """The BOS text transformers puts before a text for this tokenizer, or "": `bos_token`
+    when the tokenizer's post-processor adds it (Llama 3's adds <|begin_of_text|>). Its
+    `add_bos_token` setting is not read: transformers' generic tokenizer ignores it too."""
+    bos = files.special("bos_token")
+    if not bos or tok.hf.token_to_id(bos) is None:
+        return ""
+    return bos if tok.hf.encode("x", add_special_tokens=True).ids[:1] == [tok.token_id(bos)] else ""
+
+
+def plain_template(tok: Tokenizer, stops: list[str], *, bos: str = "") -> SegmentTemplate:
+    """For base models: plain-text turns, after `bos`; a blank line ends a reply when it is one token."""
     blank = tok.encode("\n\n")
     extra_stop = [tok.hf.id_to_token(blank[0])] if len(blank) == 1 else []
     roles = {"system": ("", "\n\n"), "user": ("User: ", "\n\n"), "assistant": ("Assistant: ", "\n\n"),
              "document": ("User: ", "\n\n")}
-    return SegmentTemplate(roles_text=roles, reply_open="Assistant:", bos="", stop_tokens=tuple(stops + extra_stop), source="plain")
+    return SegmentTemplate(roles_text=roles, reply_open="Assistant:", bos=bos, stop_tokens=tuple(stops + extra_stop), source="plain")
 
 
 def describe(template: SegmentTemplate) -> dict[str, Any]:

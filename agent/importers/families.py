@@ -23,17 +23,27 @@ from agent.runtime.config import LaplaceConfig
 
 
 def detect(config: dict[str, Any]) -> str:
-    """'llamba' or 'mamba2', or CheckpointError naming what was found."""
+    """'llamba', 'mamba2' or 'llama' (converted by `llama.py`), or CheckpointError naming what was found."""
     mt = str(config.get("model_type", ""))
     archs = [str(a) for a in config.get("architectures") or []]
-    if mt == "llamba" or (isinstance(config.get("ssm_cfg"), dict) and "n_v_heads" in config["ssm_cfg"] and "mlp_cfg" in config):
+    # cartesia's configs carry no model_type; ssm_cfg + mlp_cfg is the Llamba layout (each
+    # key inside may be left to the code's defaults, n_v_heads included).
+    if mt == "llamba" or (isinstance(config.get("ssm_cfg"), dict) and isinstance(config.get("mlp_cfg"), dict)):
         return "llamba"
     if mt == "mamba2" or "Mamba2ForCausalLM" in archs:
         return "mamba2"
+    if mt == "llama" or "LlamaForCausalLM" in archs:
+        return "llama"
     what = mt or (archs[0] if archs else "no model_type")
     raise CheckpointError(
-        f"unknown architecture ({what}); laplace imports Llamba (cartesia-ai/Llamba-*) and Mamba2ForCausalLM checkpoints"
+        f"unknown architecture ({what}); laplace imports Llamba (cartesia-ai/Llamba-*), Mamba2ForCausalLM and LlamaForCausalLM checkpoints"
     )
+
+
+# Parameters `map_weights` makes up rather than copies, by family (name suffixes): Llamba's
+# decay is -softplus(a), i.e. the ssd mixer's with A_log and dt_bias at 0. The import
+# records them in the card so that `laplace info` counts the checkpoint's own parameters.
+SYNTHESIZED = {"llamba": ["attn.A_log", "attn.dt_bias"]}
 
 
 def _need(cfg: dict[str, Any], key: str, kind: type = int) -> Any:

@@ -57,7 +57,7 @@ def _pad(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, T
 
 
 def _take(state: RecurrentState, index: Tensor) -> RecurrentState:
-    return RecurrentState(state.gla.index_select(1, index), state.conv.index_select(1, index))
+    return state.index_select(index)
 
 
 @torch.inference_mode()

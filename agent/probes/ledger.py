@@ -2,8 +2,7 @@
 
 Retention ledger: with a scalar decay per head, the share of a write still present after a
 stretch of tokens is exp(sum of the log-decays g over it). The decays are data-dependent,
-so they are captured while the model reads a filler (a forward hook on each mixer's
-`decay_tap`, the identity that g passes through, whichever mixer the model has) and summed.
+so they are captured while the model reads a filler (`agent.recall.decays`) and summed.
 
 Counterfactual trace: the same stream read twice (two batch rows) differing only in the
 planted value. After the conv window has passed the value, layer 0 sees identical inputs
@@ -14,14 +13,12 @@ runtime and of the ledger that holds on any weights, trained or not.
 from __future__ import annotations
 
 import math
-import random
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from agent.runtime.checkpoint import LoadedModel
+from agent.recall.decays import capture_decays, half_lives, round6
 from agent.runtime.model import LaplaceModel
 from agent.runtime.state import RecurrentState
 
@@ -32,36 +29,6 @@ SELF_TEST_RTOL = 1e-3
 SELF_TEST_MIN_RETENTION = 1e-2  # below this the fp32 difference is too small to compare
 
 
-class DecayRecorder:
-    """Collects g [B, T, H] per layer from every forward pass while installed."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.parts: list[list[Tensor]] = [[] for _ in range(n_layers)]
-
-    def take(self) -> Tensor:
-        """Everything recorded so far as [L, B, T, H] (then cleared)."""
-        out = torch.stack([torch.cat(p, dim=1) for p in self.parts])
-        self.parts = [[] for _ in self.parts]
-        return out
-
-
-@contextmanager
-def capture_decays(model: LaplaceModel) -> Iterator[DecayRecorder]:
-    rec = DecayRecorder(len(model.blocks))
-    handles = []
-    for i, block in enumerate(model.blocks):
-
-        def hook(_mod: torch.nn.Module, _inp: object, out: Tensor, i: int = i) -> None:
-            rec.parts[i].append(out.detach().float().cpu())
-
-        handles.append(block.attn.decay_tap.register_forward_hook(hook))
-    try:
-        yield rec
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def retention_ledger(g: Tensor, distances: Sequence[int]) -> dict:
     """Ledger from the decays a model applied while reading a filler.
 
@@ -69,8 +36,7 @@ def retention_ledger(g: Tensor, distances: Sequence[int]) -> dict:
     per-head effective half-lives, the slowest head, the horizon (tokens until the slowest
     head keeps HORIZON_FRACTION of a write) and per-head retention at each distance."""
     L, T, H = g.shape
-    mean = g.double().mean(dim=1)  # [L, H]
-    half = torch.where(mean < 0, math.log(2.0) / -mean, torch.full_like(mean, math.inf))
+    mean, half = half_lives(g)  # [L, H]
     cum = g.double().cumsum(dim=1)  # [L, T, H]
     per_d: dict[str, list[list[float]]] = {}
     for d in distances:
@@ -91,25 +57,6 @@ def retention_ledger(g: Tensor, distances: Sequence[int]) -> dict:
         "retention": per_d,
         "slowest_retention": {d: r[sl][sh] for d, r in per_d.items()},
     }
-
-
-def resting_half_lives(model: LaplaceModel) -> list[list[float]]:
-    """Half-life per layer and head at the gate's resting value (input term left out).
-
-    A cheap estimate that needs no tokens: the session check uses it so its cost does not
-    grow with the history. The ledger's measured half-lives are the reference."""
-    out = []
-    for block in model.blocks:
-        g = block.attn.resting_log_decay().detach().cpu()
-        out.append([round6(math.log(2.0) / -x) if x < 0 else math.inf for x in g.tolist()])
-    return out
-
-
-def round6(x: float) -> float:
-    """Six significant digits: stable JSON across runs, enough for every report."""
-    if not math.isfinite(x):
-        return x
-    return float(f"{x:.6g}")
 
 
 def _frob(state: RecurrentState) -> Tensor:
@@ -202,35 +149,3 @@ def resume_check(model: LaplaceModel, ids: Sequence[int], fingerprint: str) -> d
     b, _ = model(last, loaded)
     diff = float((a - b).abs().max())
     return {"passed": diff == 0.0, "max_abs_diff": diff, "tokens": len(ids) - 1, "state_bytes": state.nbytes}
-
-
-def model_half_lives(lm: LoadedModel) -> tuple[list[list[float]], str]:
-    """Half-life per layer and head, and where it comes from. The Laplace mixer's are read
-    off its gates at rest (no tokens needed). A Mamba-2 mixer's decays are set by its input
-    (at rest a Llamba head halves every token, which says nothing), so they are measured
-    while the model reads 512 tokens of chat filler."""
-    if lm.config.mixer == "gla":
-        return resting_half_lives(lm.model), "gate bias at rest"
-    from agent.probes.fillers import make_filler
-
-    ids = make_filler("chat", lm.tokenizer, lm.template).tokens(512, random.Random(0))
-    with capture_decays(lm.model) as rec, torch.inference_mode():
-        lm.model(torch.tensor([ids], device=lm.model.embed.weight.device))
-    return retention_ledger(rec.take()[:, 0], [])["half_life"], "decays measured on 512 tokens of chat filler"
-
-
-def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
-    """Tokens after which a planted detail has likely faded from the state, and where the
-    number comes from: the model card's measured recall when it records one (see
-    `agent.refresh.horizon_from_card`), else half the slowest head's half-life from
-    `model_half_lives` (that head then still keeps about 70% of a write; measured exact
-    recall of a detail fades well before the slowest head does: the default model's card
-    says 0.85 at 1,024 tokens where its slowest head's half-life is about 1,500)."""
-    from agent.refresh import horizon_from_card
-
-    measured = horizon_from_card(lm.card)
-    if measured is not None:
-        return measured, "model card (held-out recall >= 0.9)"
-    half, basis = model_half_lives(lm)
-    slowest = max((x for row in half for x in row if math.isfinite(x)), default=0.0)
-    return int(slowest / 2), f"half the slowest head's half-life ({basis})"

@@ -24,14 +24,14 @@ from typing import Any, Sequence
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.state import RecurrentState
 
-from agent import refresh as recall
 from agent.probes import text
 from agent.probes.engine import advance_rows, greedy_rows
 from agent.probes.fillers import Piece, make_filler
-from agent.probes.ledger import recall_horizon
 from agent.probes.natural_text import CONCEPTS, Concept, make_value, mentions, say, says_not_told
 from agent.probes.runner import recall_block
 from agent.probes.suites import REFRESH_MODES
+from agent.recall.horizon import recall_horizon
+from agent.recall.rule import DEFAULT_BUDGET
 
 ACK = "Okay, noted."  # the assistant's reply to each stated detail
 MAX_REPLY_TOKENS = 40
@@ -120,10 +120,10 @@ def _modes(refresh: str) -> tuple[str, ...]:
 
 
 def run_natural(lm: LoadedModel, *, distances: Sequence[int] = DEFAULT_DISTANCES, trials: int = DEFAULT_TRIALS,
-                refresh: str = "both", seed: int = 0, refresh_tokens: int = recall.DEFAULT_BUDGET,
+                refresh: str = "both", seed: int = 0, refresh_tokens: int = DEFAULT_BUDGET,
                 horizon: int | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run the probe and return its report (JSON-serialisable; see `render`). `horizon`
-    overrides the model's recall horizon (`ledger.recall_horizon`, as the suite runner)."""
+    overrides the model's recall horizon (`agent.recall.horizon.recall_horizon`, as the suite runner)."""
     modes = _modes(refresh)
     if trials < 1:
         raise ValueError("trials must be at least 1")
@@ -230,9 +230,8 @@ def _samples(mode: str, d: int, convs: list[Conversation], replies: list[tuple[s
 
 
 def render(report: dict[str, Any]) -> str:
-    """The report as a terminal table: one row per (refresh mode, distance), then samples."""
-    from agent.textsafe import displayable
-
+    """The report as a table: one row per (refresh mode, distance), then samples (the CLI
+    makes it safe for a terminal)."""
     m, s, hz = report["model"], report["settings"], report["horizon"]
     lines = [f"laplace probe natural: model {m['name']} ({m['fingerprint'][:12]}), {s['trials']} trials per row, "
              f"seed {report['seed']}, chat filler in whole messages (tokens = mean filler length)"]
@@ -249,7 +248,7 @@ def render(report: dict[str, Any]) -> str:
     if report["samples"]:
         lines += ["", "samples:"]
         for x in report["samples"]:
-            reply = displayable(repr(x["reply"].strip()))
+            reply = repr(x["reply"].strip())
             want = f" (value {x['value']})" if x["value"] else ""
             lines.append(f"  [{x['mode']} d={x['distance']}] {x['question']}{want} -> {reply} : {x['verdict']}")
     return "\n".join(lines)

@@ -3,8 +3,8 @@
 A `Concept` is one kind of detail a user mentions in passing ("my sister is called Vera",
 "I parked on level 4"): the kind of value it holds, the assistant's answer when asked, and
 its reply when the detail was never given. Each concept here carries the phrasings that
-`laplace probe natural` states and asks it in. The default model's recipe
-(recipes/default_model/natural.py) trains on the same concepts in *other* phrasings, never
+`laplace probe natural` states and asks it in. Phase 6's training trial
+(recipes/experiments/natural.py) trains on the same concepts in *other* phrasings, never
 these (a test checks it), so a score here is recall of a detail said in words the model
 has not seen said that way.
 
@@ -19,10 +19,10 @@ import random
 import re
 from dataclasses import dataclass
 
-from agent import refresh
+from agent.recall import rule
 
 # Value pools the probe draws from. The recipe's training values come from other pools
-# (recipes/default_model/natural.py), so a recalled value is copied, not guessed.
+# (recipes/experiments/natural.py), so a recalled value is copied, not guessed.
 HELDOUT_VALUES: dict[str, tuple[str, ...]] = {
     "person": tuple("Greta Hugo Ines Jonas Katya Lars Marta Nico Olga Pavel Rhea Stefan Thea Ulf Vera Willa".split()),
     "place": tuple("Kyoto Bergen Tallinn Ghent Krakow Seville Bordeaux Cork Tromso Lyon".split()),
@@ -135,7 +135,7 @@ CONCEPTS: tuple[Concept, ...] = (
 )
 HELDOUT_CONCEPTS = {c.name: c for c in CONCEPTS}
 
-NOT_TOLD = re.compile(refresh.NOT_TOLD.pattern + r"|not told me|don'?t know", re.I)
+NOT_TOLD = re.compile(rule.NOT_TOLD.pattern + r"|not told me|don'?t know", re.I)
 
 
 def make_value(rng: random.Random, kind: str, pools: dict[str, tuple[str, ...]] = HELDOUT_VALUES) -> str:

@@ -17,7 +17,7 @@ import torch
 
 from agent.runtime.checkpoint import LoadedModel
 
-from agent.probes.ledger import round6
+from agent.recall.decays import round6
 from agent.probes.runner import Outcome
 from agent.probes.stats import chance_corrected, decay_distances, mean_ci, sparkline, wilson
 

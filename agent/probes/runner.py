@@ -17,11 +17,13 @@ import torch
 
 from agent.runtime.checkpoint import LoadedModel
 
-from agent import refresh as recall
 from agent.probes import text
 from agent.probes.engine import Answer, advance_rows, ask_rows
 from agent.probes.fillers import Filler, Piece, make_filler
-from agent.probes.ledger import capture_decays, counterfactual_trace, recall_horizon, resume_check, retention_ledger
+from agent.probes.ledger import counterfactual_trace, resume_check, retention_ledger
+from agent.recall.decays import capture_decays
+from agent.recall.horizon import recall_horizon
+from agent.recall.rule import BLOCK_ROLE, DEFAULT_BUDGET, Candidate, Recalled, build_block
 from agent.probes.suites import REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
@@ -60,7 +62,7 @@ REFRESH_SUFFIX = "+refresh"
 
 class SuiteRunner:
     def __init__(self, loaded: LoadedModel, *, style: str = "completion", seed: int = 0, log: Log | None = None,
-                 refresh: str = "off", refresh_tokens: int = recall.DEFAULT_BUDGET, refresh_horizon: int = 0) -> None:
+                 refresh: str = "off", refresh_tokens: int = DEFAULT_BUDGET, refresh_horizon: int = 0) -> None:
         if refresh not in REFRESH_MODES:
             raise ValueError(f"unknown refresh mode {refresh!r}; choose off, on or both")
         self.refresh = refresh
@@ -234,8 +236,8 @@ class SuiteRunner:
 
 
 def recall_block(loaded: LoadedModel, asked: str, said: Sequence[tuple[str, str, int]], pieces: Sequence[Piece], d: int,
-                 *, horizon: int, budget: int) -> tuple[list[int], list[recall.Recalled]]:
-    """The recall block chat would fold before `asked` (same rule: `agent.refresh.select`)
+                 *, horizon: int, budget: int) -> tuple[list[int], list[Recalled]]:
+    """The recall block chat would fold before `asked` (the same `agent.recall.rule.build_block`)
     and the turns it repeats. `said` are the turns before the filler as (role, text, token
     count); `pieces` the filler's, of which those ending by token `d` (the question's
     position) count. Turns are numbered in stream order, `said` first, so an id below
@@ -245,19 +247,17 @@ def recall_block(loaded: LoadedModel, asked: str, said: Sequence[tuple[str, str,
     cands, left = [], sum(n for _, _, n in said)
     for i, (role, body, n) in enumerate(said):
         left -= n
-        cands.append(recall.Candidate(i, role, body, d + left))
+        cands.append(Candidate(i, role, body, d + left))
     base = len(cands)
-    cands += [recall.Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
-    chosen = recall.select(asked, cands, horizon=horizon, budget=budget,
-                           count=lambda t: len(template.message(tok, recall.BLOCK_ROLE, t)))
-    if not chosen:
-        return [], []
-    return template.message(tok, recall.BLOCK_ROLE, recall.render(chosen)), chosen
+    cands += [Candidate(base + j, p.role, p.text, d - p.end) for j, p in enumerate(pieces) if p.end <= d]
+    block = build_block(asked, cands, horizon=horizon, budget=budget,
+                        encode=lambda t: template.message(tok, BLOCK_ROLE, t))
+    return ([], []) if block is None else (block.token_ids, block.chosen)
 
 
 def run_suite(loaded: LoadedModel, suite: Suite, *, budget_s: float | None = None, seed: int = 0,
               style: str = "completion", log: Log | None = None, refresh: str = "off",
-              refresh_tokens: int = recall.DEFAULT_BUDGET, refresh_horizon: int = 0) -> Outcome:
+              refresh_tokens: int = DEFAULT_BUDGET, refresh_horizon: int = 0) -> Outcome:
     """Run `suite` on a loaded model (see `report.build_report` for the JSON). With `refresh`
     on or both, every cell is also asked after the recall block chat would fold (rows
     named PROBE+refresh)."""

@@ -19,9 +19,9 @@ from agent.runtime.state import RecurrentState
 
 from agent.probes import text
 from agent.probes.engine import advance, ask, greedy_answer
-from agent.probes.ledger import model_half_lives
 from agent.probes.tasks import shaped_candidates
-from agent.probes.verdicts import ANSWERED, judge
+from agent.recall.horizon import model_half_lives
+from agent.recall.verdicts import ANSWERED, judge
 
 ANSWER_TOKENS = 48
 

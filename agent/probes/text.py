@@ -1,9 +1,11 @@
-"""Seeded synthetic text: word lists, a tiny grammar, keys and values to plant.
+"""Seeded synthetic text: seeds, keys and values to plant, distractors, log lines.
 
 Nothing here is copied from a corpus: every filler sentence and every planted fact is
 generated from a seed, so a probe run is reproducible bit for bit and never downloads.
 Seeds come from a sha256 of the parts that identify a sample (suite, probe, filler,
 distance, trial), so adding a probe or a distance never shifts another sample's text.
+The word lists and the small grammar live in `agent.recall.smalltalk`, because the recall
+horizon of an input-driven model is measured on the same small talk as the chat filler.
 """
 
 from __future__ import annotations
@@ -11,21 +13,13 @@ from __future__ import annotations
 import hashlib
 import random
 
-ADJECTIVES = (
-    "amber azure bold brisk calm cedar coral crimson dusty eager faint frosty gentle golden "
-    "hollow ivory jade keen lunar mellow misty noble olive pale quiet rapid rusty scarlet "
-    "silent silver slate solar stone swift tidal umber velvet violet wild woven"
-).split()
-NOUNS = (
-    "anchor badge barrel beacon bridge cabin canal cellar chest compass crate drawer falcon "
-    "garden gate harbor hatch island kettle ladder lantern locker meadow mill orchard parcel "
-    "pillar portal quarry raven river saddle shelf signal tower trunk valley vault wagon window"
-).split()
-VERBS = "builds carries checks covers drops finds follows holds keeps leaves lifts moves opens paints reads sees sends turns watches writes".split()
-PREPOSITIONS = "near under behind above beside across inside past".split()
-DETERMINERS = "the a every one that this".split()
-NAMES = "Ada Bruno Chen Dara Emil Faye Gus Hana Ivo Jun Kira Luca Mina Nils Omar Pia Quin Rosa Sami Tove".split()
-TOPICS = ("the weather", "a recipe", "the garden", "a trip", "the budget", "a book", "the schedule", "a repair")
+from agent.recall.smalltalk import ADJECTIVES, NOUNS, chat_exchange, sentence
+
+__all__ = [
+    "ADJECTIVES", "NOUNS", "VALUE_KINDS", "chat_exchange", "distinct_keys", "log_line", "make_key", "make_value",
+    "rng_of", "same_shape", "seed_of", "sentence",
+]
+
 VALUE_KINDS = ("digits", "words", "hex")
 
 
@@ -81,25 +75,6 @@ def same_shape(rng: random.Random, text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-def sentence(rng: random.Random) -> str:
-    """One sentence from a small grammar: NP VP [PP]."""
-    subj = f"{rng.choice(DETERMINERS)} {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
-    obj = f"{rng.choice(DETERMINERS)} {rng.choice(NOUNS)}"
-    s = f"{subj} {rng.choice(VERBS)} {obj}"
-    if rng.random() < 0.5:
-        s += f" {rng.choice(PREPOSITIONS)} the {rng.choice(NOUNS)}"
-    return s[0].upper() + s[1:] + "."
-
-
-def chat_exchange(rng: random.Random) -> tuple[str, str]:
-    """A synthetic (user, assistant) pair of small talk."""
-    name = rng.choice(NAMES)
-    topic = rng.choice(TOPICS)
-    user = f"{name} here. Can you tell me something about {topic}? {sentence(rng)}"
-    reply = f"Sure, {name}. About {topic}: {sentence(rng)} {sentence(rng)}"
-    return user, reply
 
 
 def log_line(rng: random.Random, index: int) -> str:

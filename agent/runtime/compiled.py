@@ -60,13 +60,14 @@ class CompiledRunner(EagerRunner):
         if len(self.segment_buckets) > DYNAMO_SHAPE_LIMIT or len(self.batch_widths) > DYNAMO_SHAPE_LIMIT:
             raise ValueError(f"at most {DYNAMO_SHAPE_LIMIT} buckets per compiled function (Dynamo's cache limit)")
 
-        def decode(ids: Tensor, gla: Tensor, conv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            logits, st = model(ids, RecurrentState(gla, conv))
-            return logits[:, -1], st.gla, st.conv
+        # The state goes in and out as its dict of named tensors (a fixed set per model).
+        def decode(ids: Tensor, tensors: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            logits, st = model(ids, RecurrentState(tensors))
+            return logits[:, -1], st.tensors
 
-        def prefill(ids: Tensor, gla: Tensor, conv: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            logits, st = model(ids, RecurrentState(gla, conv), lengths=lengths, last_only=True)
-            return logits[:, -1], st.gla, st.conv
+        def prefill(ids: Tensor, tensors: dict[str, Tensor], lengths: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            logits, st = model(ids, RecurrentState(tensors), lengths=lengths, last_only=True)
+            return logits[:, -1], st.tensors
 
         self._decode = torch.compile(decode, backend=backend, dynamic=False, fullgraph=True)
         self._prefill = torch.compile(prefill, backend=backend, dynamic=False, fullgraph=True)
@@ -83,8 +84,8 @@ class CompiledRunner(EagerRunner):
         ids = torch.zeros(w, 1, dtype=torch.long, device=tokens.device)
         ids[:n, 0] = tokens
         padded = state.padded_to(w)
-        logits, gla, conv = self._decode(ids, padded.gla, padded.conv)
-        return logits[:n], RecurrentState(gla[:, :n], conv[:, :n], state.n_tokens, dict(state.meta))
+        logits, tensors = self._decode(ids, padded.tensors)
+        return logits[:n], RecurrentState(tensors, state.n_tokens, state.meta).first_rows(n)
 
     def forward_segment(self, ids: Tensor, state: RecurrentState, lengths: Tensor | None) -> tuple[Tensor, RecurrentState]:
         b, length = ids.shape
@@ -95,8 +96,8 @@ class CompiledRunner(EagerRunner):
         padded[:, :length] = ids
         if lengths is None:
             lengths = torch.full((b,), length, dtype=torch.long, device=ids.device)
-        logits, gla, conv = self._prefill(padded, state.gla, state.conv, lengths)
-        return logits, RecurrentState(gla, conv, state.n_tokens, dict(state.meta))
+        logits, tensors = self._prefill(padded, state.tensors, lengths)
+        return logits, RecurrentState(tensors, state.n_tokens, state.meta)
 
     def warm_up(self) -> None:
         """Compile every bucket once (decode widths, then prefill lengths)."""

@@ -13,6 +13,11 @@ Two token mixers share the one Simple-GLA kernel (`gla.py`):
   g = -exp(A_log) * softplus(a + dt_bias), k = B and q = C shared by groups of value heads,
   v = x (times dt where `v_times_dt`), y = C S + D x, then a gate. Its switches below say
   which member of the family a checkpoint is; the state is still [H, K, V] per layer.
+
+A third mixer, `mixer="window"` (`window.py`), is the hybrid a Llama teacher converts to:
+the teacher's q/k/v/o with softmax attention over `sinks` + the last `window` tokens (a
+fixed ring buffer of keys and values), plus optionally a Simple-GLA branch over the keys
+that left the window. Its state is the ring, the GLA matrices and a position per row.
 """
 
 from __future__ import annotations
@@ -67,6 +72,15 @@ class LaplaceConfig:
     dt_max: float | None = None
     tie_embeddings: bool = False
     final_norm_eps: float | None = None  # None: norm_eps
+    # ---- the window mixer (a converted Llama teacher; ignored by the others) ------------
+    n_kv_heads: int = 0  # key/value heads shared by groups of query heads (GQA)
+    rope_theta: float = 10000.0
+    window: int = 0  # W: the most recent tokens attended with softmax
+    sinks: int = 0  # S: the first tokens of the stream, attended always
+    gla_branch: bool = False  # Simple GLA over the keys evicted from the window
+    feature_map: str = "hedgehog"  # "hedgehog": softmax(xW) ++ softmax(-xW); "elu": elu(x) + 1
+    feature_dim: int = 0  # columns of the hedgehog map (0: the head dim); its features are twice that
+    combine: str = "softmax"  # "softmax": one normalisation (LoLCATs); "gated": window + gate * GLA
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -83,7 +97,8 @@ class LaplaceConfig:
             raise ValueError(
                 f"config format version {self.format_version} is not supported (this laplace reads {CONFIG_FORMAT_VERSION}); upgrade laplace"
             )
-        choices = {"mixer": ("gla", "ssd"), "gate": ("headnorm", "silu", "rmsnorm"), "conv_activation": ("silu", "identity")}
+        choices = {"mixer": ("gla", "ssd", "window"), "gate": ("headnorm", "silu", "rmsnorm"), "conv_activation": ("silu", "identity"),
+                   "feature_map": ("hedgehog", "elu"), "combine": ("softmax", "gated")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config field {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
@@ -97,14 +112,29 @@ class LaplaceConfig:
                 raise ValueError("need 0 < half_life_min <= half_life_max")
             if n_qk != self.n_heads or self.gate != "headnorm" or self.d_skip or self.v_times_dt:
                 raise ValueError("the gla mixer has one q-k head per value head, the headnorm gate, no D skip and no dt")
+        elif self.mixer == "window":
+            self._check_window()
         elif self.gate == "headnorm":
             raise ValueError("the ssd mixer takes gate 'silu' or 'rmsnorm'")
         if self.gate == "rmsnorm" and (self.n_heads * self.head_v_dim) % self.norm_groups:
             raise ValueError(f"norm_groups ({self.norm_groups}) must divide the inner width {self.n_heads * self.head_v_dim}")
         object.__setattr__(self, "key_dim", n_qk * self.head_k_dim)
         object.__setattr__(self, "value_dim", self.n_heads * self.head_v_dim)
-        conv_dim = self.d_model if self.mixer == "gla" else self.value_dim + 2 * self.key_dim
+        conv_dim = {"gla": self.d_model, "ssd": self.value_dim + 2 * self.key_dim, "window": 0}[self.mixer]
         object.__setattr__(self, "conv_dim", conv_dim)
+
+    def _check_window(self) -> None:
+        if self.head_k_dim != self.head_v_dim or self.head_k_dim % 2:
+            raise ValueError("the window mixer has one even head dim: head_k_dim == head_v_dim")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
+        if self.window <= 0 or self.sinks < 0 or self.feature_dim < 0 or self.rope_theta <= 0:
+            raise ValueError("the window mixer needs window >= 1, sinks >= 0, feature_dim >= 0 and rope_theta > 0")
+        if not 0 < self.half_life_min <= self.half_life_max:
+            raise ValueError("need 0 < half_life_min <= half_life_max")
+        if (self.n_qk_heads or not self.qk_scale or self.d_skip or self.v_times_dt or self.gate != "headnorm"
+                or self.conv_bias or self.proj_bias):
+            raise ValueError("the window mixer has no q-k groups, conv, D skip, dt, output gate or projection bias; leave those switches unset")
 
     # ---- derived quantities -------------------------------------------------------------
 
@@ -112,19 +142,35 @@ class LaplaceConfig:
     def qk_heads(self) -> int:
         return self.n_qk_heads or self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the window mixer (GQA groups)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the GLA branch's feature map phi(q), phi(k) (the branch state's key dim)."""
+        if self.feature_map == "elu":
+            return self.head_k_dim
+        return 2 * (self.feature_dim or self.head_k_dim)
+
     def architecture(self) -> str:
         """A short id of everything that decides the state's meaning (recorded in each
         saved state, so a state from another architecture is refused by name)."""
         c = self
+        if c.mixer == "window":
+            parts = ["window", f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}", f"KV{c.kv_heads}", f"W{c.window}", f"S{c.sinks}"]
+            branch = f"gla-{c.feature_map}{c.feature_size}-{c.combine}" if c.gla_branch else "nogla"
+            return "/".join(parts + [branch])
         parts = [c.mixer, f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}x{c.head_v_dim}", f"G{c.qk_heads}", f"conv{c.conv_dim}x{c.conv_size}"]
         if c.mixer == "ssd":
             parts.append("vdt" if c.v_times_dt else "v")
         return "/".join(parts)
 
     def half_lives(self) -> list[float]:
-        """Initial half-life in tokens of each head, geometric from min to max (gla mixer;
-        an ssd mixer's decays have no schedule, so it has none)."""
-        if self.mixer != "gla":
+        """Initial half-life in tokens of each head, geometric from min to max (gla mixer and
+        the window mixer's GLA branch; an ssd mixer's decays have no schedule, so it has none)."""
+        if self.mixer == "ssd" or (self.mixer == "window" and not self.gla_branch):
             return []
         if self.n_heads == 1:
             return [self.half_life_min]
@@ -143,6 +189,9 @@ class LaplaceConfig:
         """2-D block matrices: q, k, v, output gate, o (or in_proj, out_proj) and the GLU."""
         d = self.d_model
         glu = 3 * d * self.ffn_dim
+        if self.mixer == "window":
+            kv = self.kv_heads * self.head_k_dim
+            return 2 * d * self.key_dim + 2 * d * kv + glu  # q and o, k and v
         if self.mixer == "ssd":
             return d * self.in_proj_dim() + self.value_dim * d + glu
         return 2 * d * self.key_dim + 3 * d * self.value_dim + glu
@@ -151,6 +200,8 @@ class LaplaceConfig:
         """Pre-norms, the depthwise conv, the decay gate, head norm / gate, biases, D."""
         d = self.d_model
         norms = d + (d if self.ffn_dim else 0)
+        if self.mixer == "window":
+            return norms + self.branch_parameters_per_layer()
         conv = self.conv_dim * self.conv_size + (self.conv_dim if self.conv_bias else 0)
         if self.mixer == "ssd":
             bias = self.in_proj_dim() + d if self.proj_bias else 0
@@ -158,6 +209,15 @@ class LaplaceConfig:
             return norms + conv + bias + 2 * self.n_heads + skip + self.value_dim  # A_log, dt_bias, D, z_bias/norm
         gate = self.n_heads * (d // self.n_heads) + self.n_heads
         return norms + conv + gate + self.head_v_dim
+
+    def branch_parameters_per_layer(self) -> int:
+        """The window mixer's GLA branch: hedgehog maps for q and k [H, D, F] each, the decay
+        gate (weight [H, d_model], bias [H]) and the per-head mixing weight [H]."""
+        if self.mixer != "window" or not self.gla_branch:
+            return 0
+        H = self.n_heads
+        maps = 2 * H * self.head_k_dim * (self.feature_dim or self.head_k_dim) if self.feature_map == "hedgehog" else 0
+        return maps + H * self.d_model + H + H
 
     def muon_parameters(self) -> int:
         return self.n_layers * self.muon_parameters_per_layer()
@@ -169,27 +229,48 @@ class LaplaceConfig:
     def parameters(self) -> int:
         return self.muon_parameters() + self.adamw_parameters()
 
+    def state_spec(self, batch: int = 1) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor of the recurrent state: name -> (shape, dtype), batch at dim 1, in
+        the order a saved state's layout lists them.
+
+        gla and ssd: gla [L, B, H, K, V] and the conv cache [L, B, conv_dim, conv_size].
+        window: the ring win_k / win_v [L, B, G, S + W, D] (keys un-rotated; slots < S are
+        the sinks), the branch's gla [L, B, H, F, D + 1] (the extra column sums the
+        normaliser) if it is on, and pos [1, B]: tokens read so far by each row."""
+        c, L, B = self, self.n_layers, batch
+        if c.mixer != "window":
+            return {"gla": ((L, B, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
+                    "conv": ((L, B, c.conv_dim, c.conv_size), "float32")}
+        ring = (L, B, c.kv_heads, c.sinks + c.window, c.head_k_dim)
+        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
+        if c.gla_branch:
+            spec["gla"] = ((L, B, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
+        spec["pos"] = ((1, B), "int64")
+        return spec
+
     def state_bytes(self, batch: int = 1) -> int:
-        """fp32 recurrent state: per layer the GLA matrices plus the conv cache."""
-        gla = self.n_layers * self.n_heads * self.head_k_dim * self.head_v_dim * 4
-        conv = self.n_layers * self.conv_dim * self.conv_size * 4
-        return batch * (gla + conv)
+        """Bytes of the recurrent state: gla + conv cache, or ring + branch + positions."""
+        size = {"float32": 4, "int64": 8}
+        return sum(math.prod(shape) * size[dtype] for shape, dtype in self.state_spec(batch).values())
 
     def kv_cache_bytes(self, tokens: int, bytes_per_value: int = 2) -> int:
-        """A comparable softmax KV cache (K and V of width d_model per layer, bf16 default)."""
-        return self.n_layers * 2 * self.d_model * tokens * bytes_per_value
+        """A comparable softmax KV cache (K and V of width d_model per layer, or of the
+        kv heads' width for the window mixer's teacher; bf16 default)."""
+        width = self.kv_heads * self.head_k_dim if self.mixer == "window" else self.d_model
+        return self.n_layers * 2 * width * tokens * bytes_per_value
 
     # ---- (de)serialization --------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """The init fields; architecture switches left at their defaults are omitted, so a
-        Laplace model's config.json (and so its fingerprint) is the same as before they existed."""
+        Laplace model's config.json (and so its fingerprint) is the same as before they existed.
+        A window model writes all of its own fields: a later default cannot change its meaning."""
         out = {}
         for f in dataclasses.fields(self):
             if not f.init:
                 continue
             value = getattr(self, f.name)
-            if f.name in _SWITCHES and value == f.default:
+            if f.name in _SWITCHES and value == f.default and not (self.mixer == "window" and f.name in _WINDOW_FIELDS):
                 continue
             out[f.name] = value
         return out
@@ -211,8 +292,12 @@ class LaplaceConfig:
 
 _SWITCHES = frozenset(
     ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
-     "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps")
+     "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps",
+     "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine")
 )
+
+
+_WINDOW_FIELDS = frozenset(("mixer", "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine"))
 
 
 PRESETS: dict[str, LaplaceConfig] = {
@@ -238,6 +323,14 @@ PRESETS: dict[str, LaplaceConfig] = {
         name="ssd-1b", vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, head_k_dim=64, head_v_dim=64,
         ffn_dim=8192, mixer="ssd", qk_scale=False, d_skip=True, gate="silu", conv_activation="identity",
         conv_bias=True, norm_eps=1e-5,
+    ),
+    # SmolLM2-135M's shape as a window hybrid (what `laplace import` makes of its GGUF), for
+    # `laplace info`; an import reads the real checkpoint's own numbers.
+    "smollm2-135m-window": LaplaceConfig(
+        name="smollm2-135m-window", vocab_size=49152, d_model=576, n_layers=30, n_heads=9, head_k_dim=64,
+        head_v_dim=64, ffn_dim=1536, chunk_size=64, norm_eps=1e-5, tie_embeddings=True, mixer="window",
+        n_kv_heads=3, rope_theta=100000.0, window=256, sinks=4, gla_branch=True, half_life_min=64.0,
+        half_life_max=8192.0,
     ),
     # Tests: byte-level vocabulary, tiny widths, still several heads and a real schedule.
     "tiny": LaplaceConfig(

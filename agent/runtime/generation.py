@@ -21,6 +21,12 @@ from agent.runtime.sampling import SamplingOptions, make_generator, sample
 from agent.runtime.state import RecurrentState
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
+
+
+def draw(opts: SamplingOptions) -> dict[str, float | int]:
+    """The options `sample` reads (the rest say when generation stops)."""
+    return {"temperature": opts.temperature, "top_k": opts.top_k, "top_p": opts.top_p,
+            "repetition_penalty": opts.repetition_penalty}
 DEFAULT_SEGMENT = 512
 
 
@@ -108,7 +114,7 @@ class Generation:
             self._fold_pending()
             hist = self.history[-256:] + self.tokens[-256:]
             hist_t = torch.tensor([hist], dtype=torch.long, device=device) if hist and self.opts.repetition_penalty != 1.0 else None
-            token = int(sample(self.logits, self.opts, self.generator, hist_t)[0])
+            token = int(sample(self.logits, self.generator, **draw(self.opts), history=hist_t)[0])
             if token in self.stop_ids:
                 self.stop_reason = "stop"
                 return
@@ -166,7 +172,7 @@ def generate_batch(
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
     for _ in range(opts.max_new_tokens):
-        tokens = sample(logits, opts, generator)
+        tokens = sample(logits, generator, **draw(opts))
         for i in range(n):
             if not done[i]:
                 t = int(tokens[i])

@@ -51,11 +51,13 @@ def _initial(initial_state: Tensor | None, B: int, H: int, K: int, V: int, devic
 def gla_naive(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Tensor | None = None, scale: float | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The deliberately slow reference: one token at a time, straight from the definition."""
+    """The deliberately slow reference: one token at a time, straight from the definition.
+    It computes in fp32, or in fp64 when given fp64 inputs (a reference for precision tests)."""
     B, T, H, K, V = _check_shapes(q, k, v, g, initial_state)
     scale = K**-0.5 if scale is None else scale
-    S = _initial(initial_state, B, H, K, V, q.device)
-    qf, kf, vf, gf = q.float(), k.float(), v.float(), g.float()
+    work = torch.float64 if v.dtype == torch.float64 else torch.float32
+    S = _initial(initial_state, B, H, K, V, q.device).to(work)
+    qf, kf, vf, gf = q.to(work), k.to(work), v.to(work), g.to(work)
     outs = []
     for t in range(T):
         S = gf[:, t, :, None, None].exp() * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
@@ -105,13 +107,33 @@ def gla_chunked(
     for c in range(n_chunks):
         sl = slice(c * C, (c + 1) * C)
         qc, kc, vc = qf[:, :, sl], kf[:, :, sl], vf[:, :, sl]
-        b = gf[:, :, sl].cumsum(-1)  # [B, H, C], fp32, <= 0 and non-increasing
-        b_last = b[..., -1:]  # [B, H, 1]
-        diff = b[..., :, None] - b[..., None, :]  # b_i - b_j, positive above the diagonal
-        decay = torch.where(causal, diff, float("-inf")).exp()  # mask first: nothing overflows
+        gc = gf[:, :, sl]
+        b = gc.cumsum(-1)  # [B, H, C], fp32, <= 0 and non-increasing
+        decay = segment_sum(gc, causal).exp()  # M_ij = exp(b_i - b_j), zero above the diagonal
         o_intra = ((qc @ kc.transpose(-1, -2)) * decay) @ vc
         o_inter = (qc * b.exp()[..., None]) @ S
         outs.append(o_intra + o_inter)
-        S = b_last.exp()[..., None] * S + (kc * (b_last - b).exp()[..., None]).transpose(-1, -2) @ vc
+        to_end = suffix_sum(gc)  # b_L - b_j, summed directly
+        S = b[..., -1:].exp()[..., None] * S + (kc * to_end.exp()[..., None]).transpose(-1, -2) @ vc
     o = torch.cat(outs, dim=2)[:, :, :T].transpose(1, 2)
     return o.to(v.dtype), S
+
+
+def segment_sum(g: Tensor, causal: Tensor) -> Tensor:
+    """[..., C] -> [..., C, C]: out_ij = g_(j+1) + ... + g_i for j <= i, -inf above the diagonal.
+
+    Each entry is summed from its own terms (a cumulative sum down a masked copy), not taken
+    as the difference b_i - b_j of two long running sums: over a chunk of strong decays those
+    sums reach hundreds, and their difference keeps only fp32's absolute precision at that
+    size (transformers' Mamba-2 computes its `segsum` the same way)."""
+    C = g.shape[-1]
+    strictly_lower = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)  # [r, j]: r > j
+    terms = g[..., :, None].expand(*g.shape, C).masked_fill(~strictly_lower, 0.0)  # [r, j] = g_r for r > j
+    x = terms.cumsum(-2)  # [i, j] = sum of g_r for j < r <= i
+    return x.masked_fill(~causal, float("-inf"))
+
+
+def suffix_sum(g: Tensor) -> Tensor:
+    """[..., C] -> [..., C]: out_j = g_(j+1) + ... + g_C, summed from the end (no differences)."""
+    rev = g.flip(-1).cumsum(-1).flip(-1)  # g_j + ... + g_C
+    return torch.nn.functional.pad(rev[..., 1:], (0, 1))

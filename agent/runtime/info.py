@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from safetensors import SafetensorError, safe_open
 
@@ -12,27 +13,38 @@ from agent.runtime.config import PRESETS
 from agent.runtime.device import DeviceUnavailableError, resolve_device
 from agent.runtime.model import build_model
 from agent.runtime.params import is_block_matrix
+from agent.runtime.templates import load_chat_template
+from agent.runtime.tokenizer import Tokenizer
 
 
 class ModelInfoError(RuntimeError):
     pass
 
 
-def count_on_meta(config: Any) -> tuple[int, int]:
-    """(all parameters, Muon parameters) counted on a meta-device build: no memory used."""
+def count_on_meta(config: Any, skip: Sequence[str] = ()) -> tuple[int, int]:
+    """(all parameters, Muon parameters) counted on a meta-device build: no memory used.
+    Names ending in a `skip` suffix (an import's made-up constants) are not counted."""
     model = build_model(config, device="meta")
-    total = sum(p.numel() for p in model.parameters())
-    muon = sum(p.numel() for name, p in model.named_parameters() if is_block_matrix(name, p))
+    params = [(name, p) for name, p in model.named_parameters() if not name.endswith(tuple(skip))]
+    total = sum(p.numel() for _, p in params)
+    muon = sum(p.numel() for name, p in params if is_block_matrix(name, p))
     return total, muon
 
 
 def check_model_files(root: Path, config: Any) -> None:
-    """What loading would refuse, found from the file list and the weights' header alone:
-    a missing file, a truncated or unreadable model.safetensors, tensors that do not fit
-    the config. Raises ModelInfoError naming the file."""
+    """What loading would refuse, found from the file list, the weights' header and the
+    tokenizer and template files: a missing file, a truncated or unreadable
+    model.safetensors, tensors that do not fit the config, a tokenizer or chat template
+    that does not parse. Raises ModelInfoError naming the file."""
     missing = [f for f in MODEL_FILES if not (root / f).is_file()]
     if missing:
         raise ModelInfoError(f"model directory {root} is missing {', '.join(missing)}; copy the whole directory or re-export it")
+    try:
+        Tokenizer.from_file(root / "tokenizer.json")
+        load_chat_template(root / "chat_template.json")
+    except Exception as exc:  # tokenizers raises its own Exception type
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelInfoError(f"tokenizer or chat template in {root} is invalid ({first}); restore the files or re-export the model") from None
     weights = root / "model.safetensors"
     try:
         with safe_open(str(weights), framework="pt") as f:  # checks the header covers the file
@@ -67,8 +79,10 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
     else:
         known = ", ".join(sorted(PRESETS))
         raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")
-    total, muon = count_on_meta(config)
+    total, muon = count_on_meta(config, card.get("synthesized_parameters") or ())
     state = config.state_bytes()
+    size = {"float32": 4, "int64": 8}
+    parts = {name: math.prod(shape) * size[dtype] for name, (shape, dtype) in config.state_spec().items()}
     kv = config.kv_cache_bytes(8192)
     return {
         "name": card.get("name", name_or_path),
@@ -78,6 +92,7 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
         "muon_parameters": muon,
         "adamw_parameters": total - muon,
         "state_bytes": state,
+        "state_parts": parts,  # bytes per state tensor (gla, conv; or win_k, win_v, gla, pos)
         "kv_cache_bytes_8k": kv,
         "kv_cache_ratio_8k": kv / state,
         "half_lives": config.half_lives(),

@@ -1,8 +1,8 @@
 """The Laplace model: a pure Simple-GLA decoder. This file holds the math only.
 
-Each block's token mixer is the Laplace GLA mixer (below) or the Mamba-2 family's
-(`ssd.py`, for imported checkpoints); both are built from the parts in `layers.py`, run the
-same kernel and keep the same state.
+Each block's token mixer is the Laplace GLA mixer (below), the Mamba-2 family's (`ssd.py`,
+for imported checkpoints) or the window hybrid of a converted Llama teacher (`window.py`);
+all are built from the parts in `layers.py` and run the same GLA kernel.
 
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.
@@ -21,6 +21,7 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla
 from agent.runtime.ssd import SSDMixer
 from agent.runtime.state import RecurrentState
+from agent.runtime.window import WindowAttention
 
 
 class GLAAttention(nn.Module):
@@ -77,16 +78,24 @@ class Block(nn.Module):
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = GLAAttention(config) if config.mixer == "gla" else SSDMixer(config)
+        mixers = {"gla": GLAAttention, "ssd": SSDMixer, "window": WindowAttention}
+        self.attn = mixers[config.mixer](config)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps) if config.ffn_dim else None
         self.ffn = GLU(config) if config.ffn_dim else None
 
-    def forward(self, x: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        a, gla_state, conv_state = self.attn(self.attn_norm(x), gla_state, conv_state, lengths)
+    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """`layer`: this layer's slice of each state tensor; `pos` [B]: tokens read (window mixer)."""
+        h = self.attn_norm(x)
+        if isinstance(self.attn, WindowAttention):
+            assert pos is not None
+            a, layer = self.attn(h, layer, lengths, pos)
+        else:
+            a, gla_state, conv_state = self.attn(h, layer["gla"], layer["conv"], lengths)
+            layer = {"gla": gla_state, "conv": conv_state}
         x = x + a
         if self.ffn is not None:
             x = x + self.ffn(self.ffn_norm(x))
-        return x, gla_state, conv_state
+        return x, layer
 
 
 class LaplaceModel(nn.Module):
@@ -123,7 +132,7 @@ class LaplaceModel(nn.Module):
             for norm in (block.attn_norm, block.ffn_norm):
                 if norm is not None:
                     norm.weight.fill_(1.0)
-            if isinstance(a, SSDMixer):
+            if isinstance(a, (SSDMixer, WindowAttention)):
                 for lin in glu:
                     normal_(lin.weight, std)
                 if ffn is not None:
@@ -163,11 +172,13 @@ class LaplaceModel(nn.Module):
         if state is None:
             state = self.new_state(B)
         x = self.embed(input_ids)
-        new_gla, new_conv = [], []
+        pos = state.tensors.get("pos")  # [1, B]: tokens each row has read (window mixer)
+        per_layer = [name for name in state.tensors if name != "pos"]
+        new: dict[str, list[Tensor]] = {name: [] for name in per_layer}
         for i, block in enumerate(self.blocks):
-            x, s, cv = block(x, state.gla[i], state.conv[i], lengths)
-            new_gla.append(s)
-            new_conv.append(cv)
+            x, layer = block(x, {name: state.tensors[name][i] for name in per_layer}, lengths, None if pos is None else pos[0])
+            for name in per_layer:
+                new[name].append(layer[name])
         if last_only:
             if lengths is None:
                 x = x[:, -1:]
@@ -175,10 +186,12 @@ class LaplaceModel(nn.Module):
                 x = x.gather(1, (lengths - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, x.shape[-1]))
         h = self.norm(x)
         logits = self.lm_head(h) if self.lm_head is not None else h @ self.embed.weight.t()
+        tensors = {name: torch.stack(new[name]) for name in per_layer}
+        if pos is not None:
+            tensors["pos"] = pos + (T if lengths is None else lengths.to(pos.dtype)[None, :])
         # Token counting is host-side bookkeeping; with padded rows the caller knows the count.
         n_tokens = state.n_tokens + (T if lengths is None else 0)
-        new_state = RecurrentState(torch.stack(new_gla), torch.stack(new_conv), n_tokens)
-        return logits, new_state
+        return logits, RecurrentState(tensors, n_tokens)
 
 
 def build_model(config: LaplaceConfig, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int | None = 0) -> LaplaceModel:

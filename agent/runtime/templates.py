@@ -34,6 +34,10 @@ class SegmentTemplate:
     bos: str = ""
     stop_tokens: tuple[str, ...] = ()
     source: str = ""  # where it came from ("jinja", "plain"), for the card
+    # The system prompt the checkpoint's own template writes when a chat has none (SmolLM2:
+    # "You are a helpful AI assistant named SmolLM, ..."): an empty system message gets it,
+    # so a session reads what the model was trained on. A given system prompt replaces it.
+    default_system: str = ""
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -55,6 +59,8 @@ class SegmentTemplate:
         return tok.encode_markup(self.bos)
 
     def message(self, tok: Tokenizer, role: str, content: str, *, first: bool = False) -> list[int]:
+        if role == "system" and not content:
+            content = self.default_system
         return self.open_ids(tok, role, first=first) + tok.encode(content) + self.close_ids(tok, role)
 
     def reply_prefix(self, tok: Tokenizer) -> list[int]:
@@ -67,11 +73,11 @@ class SegmentTemplate:
         return sorted({tok.token_id(t) for t in self.stop_tokens})
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"kind": SEGMENT_KIND, "roles": {r: list(p) for r, p in self.roles_text.items()}, "reply_open": self.reply_open,
-             "bos": self.bos, "stop_tokens": list(self.stop_tokens), "source": self.source},
-            indent=2, sort_keys=True,
-        )
+        data = {"kind": SEGMENT_KIND, "roles": {r: list(p) for r, p in self.roles_text.items()}, "reply_open": self.reply_open,
+                "bos": self.bos, "stop_tokens": list(self.stop_tokens), "source": self.source}
+        if self.default_system:  # only where there is one: older templates keep their bytes and fingerprints
+            data["default_system"] = self.default_system
+        return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SegmentTemplate":
@@ -79,6 +85,7 @@ class SegmentTemplate:
             roles_text={str(r): (str(p[0]), str(p[1])) for r, p in data["roles"].items()},
             reply_open=str(data["reply_open"]), bos=str(data.get("bos", "")),
             stop_tokens=tuple(str(t) for t in data.get("stop_tokens", ())), source=str(data.get("source", "")),
+            default_system=str(data.get("default_system", "")),
         )
 
 

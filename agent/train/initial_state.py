@@ -22,19 +22,25 @@ INITIAL_STATE_KIND = "initial-state"
 
 
 class InitialState(nn.Module):
-    """Trainable gla [L, 1, H, K, V] and conv [L, 1, D, W], fed to every training row."""
+    """Each float tensor of a batch-1 state (gla [L, 1, H, K, V], conv [L, 1, D, W], ...) as
+    a trainable parameter of the same name, fed to every training row; integer tensors
+    (a window model's positions) ride along as buffers."""
 
     def __init__(self, template: RecurrentState) -> None:
         super().__init__()
-        self.gla = nn.Parameter(template.gla.detach().clone().float())
-        self.conv = nn.Parameter(template.conv.detach().clone().float())
+        self.names = template.names
+        for name, t in template.tensors.items():
+            if t.is_floating_point():
+                self.register_parameter(name, nn.Parameter(t.detach().clone().float()))
+            else:
+                self.register_buffer(name, t.detach().clone())
 
     def expand(self, batch: int) -> RecurrentState:
         # Views, not copies: the gradient of every row sums into the one parameter.
-        return RecurrentState(self.gla.expand(-1, batch, -1, -1, -1), self.conv.expand(-1, batch, -1, -1))
+        return RecurrentState({n: getattr(self, n).expand(-1, batch, *getattr(self, n).shape[2:]) for n in self.names})
 
     def to_state(self) -> RecurrentState:
-        return RecurrentState(self.gla.detach().clone(), self.conv.detach().clone())
+        return RecurrentState({n: getattr(self, n).detach().clone() for n in self.names})
 
 
 def save_initial_state(state: RecurrentState, path: str | Path, *, fingerprint: str, extra: dict[str, str] | None = None) -> Path:

@@ -261,6 +261,7 @@ class Trainer:
         cfg = self.cfg
         card = {**self.base.card, "name": self.out.name, "base": self.base.name, "base_fingerprint": self.base_fingerprint,
                 "finetune_steps": step, "finetune_tokens": self.tokens_seen, "trained": True}
+        card.pop("synthesized_parameters", None)  # an import's made-up constants are trained from here on
         if cfg.tune == "all":
             weights = ckpt.full_state_dict(self.model)
             if self.info.is_main:

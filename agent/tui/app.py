@@ -33,7 +33,7 @@ from agent.chat.types import (
     TurnFinished,
     TurnStarted,
 )
-from agent.textsafe import displayable
+from agent.display import displayable
 
 from .actions import SessionActions
 from .chat.messages import MessageWidget, code_blocks
@@ -225,6 +225,7 @@ class LaplaceApp(App[None]):
             if stream is not None:
                 stream.write(event.text, message.posted_at)
         elif isinstance(event, TurnStarted):
+            self.progress.display = False  # a long message's fold (if any) is done; the reply starts
             if not chat.at_tail:
                 await self.load_session()
             # The worker runs ahead of the UI: a reload may already hold the finished reply.
@@ -375,3 +376,16 @@ def known_bindings() -> dict[str, Binding]:
     """Every remappable binding of the TUI, by id (the app's own come first)."""
     return binding_ids([LaplaceApp.BINDINGS, PromptArea.BINDINGS, SessionsScreen.BINDINGS,
                         MessageWidget.BINDINGS, ConfirmScreen.BINDINGS])
+
+
+def binding_scopes() -> list[list[str]]:
+    """Ids whose bindings can fire at the same time, so must not share a key: the app's with
+    the focused prompt's or message's; a screen on top (sessions panel, dialog) with the
+    app's priority ones (its own bindings override the app's other keys on purpose)."""
+    def ids(bindings: list) -> list[str]:  # type: ignore[type-arg]
+        return list(binding_ids([bindings]))
+
+    app = ids(LaplaceApp.BINDINGS)
+    priority = [b for b in app if known_bindings()[b].priority]
+    return [app + ids(PromptArea.BINDINGS), app + ids(MessageWidget.BINDINGS),
+            priority + ids(SessionsScreen.BINDINGS), priority + ids(ConfirmScreen.BINDINGS)]

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown
 
-from agent.textsafe import displayable
+from agent.display import displayable
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -12,13 +12,21 @@ from typing import Mapping
 
 from agent.chat.types import ChatServiceProtocol, StateUnusableError
 
-from .app import LaplaceApp, known_bindings
-from .keymap import validate_keymap
+from .app import LaplaceApp, binding_scopes, known_bindings
+from .keymap import refuse_clashes, validate_keymap
 
 
 def known_binding_ids() -> list[str]:
     """Every id a keymap may name."""
     return list(known_bindings())
+
+
+def checked_keymap(keymap: Mapping[str, object] | None) -> dict[str, str]:
+    """A keymap's ids and keys checked (`validate_keymap`), and no key given to two bindings
+    that work at the same time; ValueError naming the problem otherwise."""
+    clean = validate_keymap(keymap, known_binding_ids())
+    refuse_clashes(clean, known_bindings(), binding_scopes())
+    return clean
 
 
 def create_app(
@@ -33,12 +41,12 @@ def create_app(
     """Build the TUI for `service`.
 
     keymap: `{binding_id: "key[,key]"}` (e.g. the `[keys]` table of a TOML file); unknown
-        ids raise ValueError naming the known ones.
+        ids, bad keys and clashing bindings raise ValueError naming the problem.
     startup_error: the `StateUnusableError` that `service.resume` raised; the app then asks
         whether to rebuild the state by replaying the transcript (or quit).
     page_size / max_turn_widgets: turns fetched per page and the bound on turn widgets.
     latencies: if given, receives per-token seconds from event to document (benchmark).
     """
-    clean = validate_keymap(keymap, known_binding_ids())
+    clean = checked_keymap(keymap)
     return LaplaceApp(service, keymap=clean, startup_error=startup_error, page_size=page_size,
                       max_turn_widgets=max_turn_widgets, latencies=latencies)

@@ -70,6 +70,20 @@ def validate_keymap(keymap: Mapping[str, object] | None, known: Iterable[str]) -
     return clean
 
 
+def refuse_clashes(keymap: Mapping[str, str], bindings: Mapping[str, Binding], scopes: Iterable[Iterable[str]]) -> None:
+    """Raise ValueError when, with `keymap` applied over the defaults, one key would mean two
+    bindings that are active at the same time (each scope: ids that can fire together)."""
+    for scope in scopes:
+        owner: dict[str, str] = {}
+        for bid in scope:
+            for key in (k.strip() for k in keymap.get(bid, bindings[bid].key).split(",")):
+                other = owner.setdefault(key, bid)
+                if other != bid:
+                    first, second = (bid, other) if bid in keymap else (other, bid)
+                    raise ValueError(f"keymap: {first!r} and {second!r} would both take {key!r}, and both work at "
+                                     "the same time; give one of them another key")
+
+
 def bindings_markdown(bindings: Mapping[str, Binding], keymap: Mapping[str, str]) -> str:
     """A Markdown table of binding ids, their current keys and what they do."""
     lines = ["| id | keys | action |", "| --- | --- | --- |"]

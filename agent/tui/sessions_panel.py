@@ -18,9 +18,8 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from agent.chat.types import SearchHit, SessionView
-from agent.textsafe import displayable
+from agent.display import displayable, human_bytes
 
-from agent.units import human_bytes
 
 
 def session_label(s: SessionView, current: bool) -> str:

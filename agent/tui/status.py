@@ -9,8 +9,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from agent.chat.types import StatusView
-from agent.textsafe import displayable
-from agent.units import human_bytes
+from agent.display import displayable, human_bytes
 
 
 def format_status(view: StatusView | None, *, activity: str = "") -> str:

@@ -4,5 +4,6 @@
 --seed 0 --out DIR` runs it from scratch: data (`corpus` + `vocab` + `dialogues` +
 `worlds` + `keys`, written by `data`), tokenizer (`data.train_tokenizer`), one training
 call per stage (`train`, `weighted`), checks and evaluation (`recall_eval`) and the model
-card (`card`). What was tried and not shipped: docs/recipe-experiments.md.
+card (`card`). What was tried and not shipped: docs/recipe-experiments.md, and the code of
+the trials still runnable in recipes/experiments/.
 """

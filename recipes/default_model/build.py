@@ -18,10 +18,7 @@ usual) and `--steps-scale F` scales every stage's steps (and data) by F: with `-
 (the tiny preset's widths) they make a smoke run of the whole plan in minutes.
 `--baseline` also trains the softmax transformer of the same widths on the first stage's
 rows for its steps and compares held-out perplexity at equal tokens (baseline.py).
-`--stages natural` runs the plan followed by phase 6, the plain-speech trial that did not
-ship (docs/recipe-experiments.md); with `--from-model DIR --first-stage NAME` a run starts
-from a model already trained through the stages before NAME, e.g. the shipped model and
-p6.natural512.
+Trials that did not ship build on `Build` from recipes/experiments/ (phase6.py).
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import shutil
 import time
 from pathlib import Path
@@ -44,10 +40,7 @@ from agent.runtime.tokenizer import ChatTemplate
 from recipes.default_model import data as rdata
 from recipes.default_model import keys
 from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
-from recipes.default_model.natural import NaturalBuilder
-from recipes.default_model.plan import (BATCH_TOKENS, CURRICULUM, DRILL, MODEL, STAGE_LISTS, VOCAB, Chat, KeyDrills, Natural, Stage,
-                                        scaled)
-from recipes.default_model.vocab import TRAIN
+from recipes.default_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, KeyDrills, Stage, scaled
 from recipes.default_model.recall_eval import end_of_turn, evaluate
 from recipes.default_model.train import held_out_perplexity, log, train_stage
 from recipes.default_model.worlds import world
@@ -89,13 +82,6 @@ class Build:
         if isinstance(d, KeyDrills):
             return {"block": stage.name.split(".")[-1], **keys.write_block(folder, d, seed=seed, steps=stage.n_steps, lm=lm, train=self.train_p),
                     "keys": d.keys}
-        if isinstance(d, Natural):
-            info = keys.write_block(folder, d.rest, seed=seed, steps=max(1, round(stage.n_steps * (1 - d.share))), lm=lm, train=self.train_p)
-            builder = NaturalBuilder(rdata.make_builder(TRAIN, self.train_p, lm.tokenizer, lm.template))
-            n = math.ceil(stage.n_steps * BATCH_TOKENS * d.share / d.spec.length * 1.05)
-            info["natural_tokens"] = rdata.write_dialogues(folder / "a_natural.jsonl", builder, random.Random(seed * 1000 + 6), d.spec, n,
-                                                           lm.tokenizer, lm.template)
-            return {"block": stage.name.split(".")[-1], **info, **builder.stats}
         n = self.dialogues(stage)
         if d.world not in self._worlds:
             self._worlds[d.world] = world(d.world, self.train_p)
@@ -124,6 +110,21 @@ class Build:
             entry["checks"] = [keys.check(lm, self.held_p, stage.n_steps, greedy=not stage.focus_only)]
         log(f"{stage.name} check: {({k: entry[k] for k in ('gate', 'validation', 'checks') if k in entry})}")
 
+    def start(self) -> tuple[Path, tuple[Stage, ...]]:
+        """The model the first stage trains from (a trained tokenizer and a seeded, untrained
+        model of plan.MODEL, in `init/`) and the stages to run (the whole plan)."""
+        args = self.args
+        tok = rdata.train_tokenizer(self.train_p, args.seed, VOCAB)
+        config = PRESETS["tiny"].replace(vocab_size=VOCAB) if args.tiny else MODEL
+        init = LoadedModel(build_model(config, seed=args.seed), tok, ChatTemplate(), name="laplace-default-init",
+                           card={"name": "laplace-default-init", "trained": False})
+        save_model_dir(init, self.work / "init")
+        return self.work / "init", self.plan
+
+    def train(self, stage: Stage, **kw: Any) -> dict[str, Any]:
+        """One stage's training call (`train.train_stage`); the trainer's summary."""
+        return train_stage(stage, **kw)
+
     def run(self) -> Path:
         """Tokenizer, init, then every stage; returns the last stage's model directory."""
         args, work = self.args, self.work
@@ -131,20 +132,10 @@ class Build:
         torch.set_num_threads(args.threads)
         log(f"corpus: {len(self.train_p)} train passages, {len(self.held_p)} held-out passages; {len(self.plan)} stages")
         rdata.write_text(work / "heldout" / "heldout_text.jsonl", self.held_p)
-        if args.from_model:  # continue a model already trained through the stages before --first-stage
-            model_dir = Path(args.from_model)
-        else:
-            tok = rdata.train_tokenizer(self.train_p, args.seed, VOCAB)
-            config = PRESETS["tiny"].replace(vocab_size=VOCAB) if args.tiny else MODEL
-            init = LoadedModel(build_model(config, seed=args.seed), tok, ChatTemplate(), name="laplace-default-init",
-                               card={"name": "laplace-default-init", "trained": False})
-            save_model_dir(init, work / "init")
-            model_dir = work / "init"
+        model_dir, stages = self.start()
         base_dir = run = model_dir
         base = load_model_dir(base_dir)
-        names = [s.name for s in self.plan]
-        first = names.index(args.first_stage) if args.first_stage else 0
-        for stage in self.plan[first:]:
+        for stage in stages:
             if not stage.resume:  # a fresh run from the last stage's model
                 base_dir, run = model_dir, work / "runs" / stage.name
                 base = load_model_dir(base_dir)
@@ -154,7 +145,7 @@ class Build:
             info = self.data(stage, folder, base)
             log(f"{stage.name}: steps {stage.steps[0]}..{stage.steps[1]} of {stage.schedule.total}, rows of {stage.rows}, "
                 f"lr {stage.schedule.lr:g}; {info}")
-            summary = train_stage(stage, data=folder, run=run, base_dir=base_dir, base=base, seed=args.seed)
+            summary = self.train(stage, data=folder, run=run, base_dir=base_dir, base=base, seed=args.seed)
             entry = {"phase": stage.phase, "name": stage.name, "block": stage.name.split(".")[-1], "data": info,
                      "steps": list(stage.steps), "rows": stage.rows, "lr": stage.schedule.lr, "answer_weight": stage.answer_weight,
                      "tokens_per_s": summary["tokens_per_s"], "final_loss": summary["final_loss"], "wall_s": summary["wall_s"]}
@@ -196,23 +187,14 @@ class Build:
         p5 = [e for e in h if e["phase"] == 5]
         if p5:
             out["phase5"] = {"steps": sum(e["steps"][1] for e in p5), **{e["block"]: e["steps"][1] for e in p5}}
-        p6 = [e for e in h if e["phase"] == 6]
-        if p6:
-            out["phase6"] = {"steps": sum(e["steps"][1] for e in p6), **{e["block"]: e["steps"][1] for e in p6}}
         return out
 
-    def finish(self, model_dir: Path) -> None:
-        """Evaluate `model_dir` and write the model directory with its card to --out."""
+    def card(self, lm: LoadedModel, evaluation: dict[str, Any]) -> dict[str, Any]:
+        """The card `finish` writes beside the weights (`card.py` folds it into lines later)."""
         args = self.args
-        lm = load_model_dir(model_dir)
-        t0 = time.perf_counter()
-        recall = evaluate(lm, self.held_p, trials=args.eval_trials)
-        eot = end_of_turn(lm, self.held_p)
-        ppl = held_out_perplexity(lambda x: lm.model(x)[0], lm.tokenizer, lm.template, self.held_p)
-        log(f"eval ({time.perf_counter() - t0:.0f} s): recall {recall}; end of turn {eot['ended_within_200']}; held-out ppl {ppl:.2f}")
         steps = sum(e["steps"][1] - e["steps"][0] for e in self.history)
         tps = [e["tokens_per_s"] for e in self.history if e.get("tokens_per_s")]
-        card = {
+        return {
             "name": "default", "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
             "recipe": f"python -m recipes.default_model.build --seed {args.seed}", "seed": args.seed,
             "training_tokens": steps * BATCH_TOKENS, "training_steps": steps, "batch_tokens": BATCH_TOKENS,
@@ -227,28 +209,29 @@ class Build:
                              "never-stated controls, documents, key drills)",
             },
             "tokenizer": f"byte-level BPE, {lm.tokenizer.vocab_size} tokens, digits split, trained with tokenizers on the training data",
-            "eval": {"heldout_recall": recall, "end_of_turn": {k: v for k, v in eot.items() if k != "samples"},
-                     "heldout_text_perplexity": round(ppl, 3)},
+            "eval": evaluation,
         }
-        if args.from_model:  # the earlier stages' record stays; this run's stages are added to it
-            before = load_model_dir(args.from_model).card
-            card = {**before, **self.summary(), "stages": self.history, "eval": card["eval"],
-                    "recipe": f"{card['recipe']} (phases 1-5), then --from-model DIR --first-stage {args.first_stage}",
-                    "training_steps": before.get("training_steps", 0) + steps,
-                    "training_tokens": before.get("training_tokens", 0) + steps * BATCH_TOKENS,
-                    "data": {"phases 1-5": before.get("data"),
-                             "phase6": "plain-speech dialogues (recipes/default_model/natural.py) with paraphrases and everyday "
-                                       "replies written by SmolLM2-135M-Instruct (Apache-2.0), cached in natural_cache.json"}}
+
+    def finish(self, model_dir: Path) -> Path:
+        """Evaluate `model_dir` and write the model directory with its card to --out."""
+        args = self.args
+        lm = load_model_dir(model_dir)
+        t0 = time.perf_counter()
+        recall = evaluate(lm, self.held_p, trials=args.eval_trials)
+        eot = end_of_turn(lm, self.held_p)
+        ppl = held_out_perplexity(lambda x: lm.model(x)[0], lm.tokenizer, lm.template, self.held_p)
+        log(f"eval ({time.perf_counter() - t0:.0f} s): recall {recall}; end of turn {eot['ended_within_200']}; held-out ppl {ppl:.2f}")
+        evaluation = {"heldout_recall": recall, "end_of_turn": {k: v for k, v in eot.items() if k != "samples"},
+                      "heldout_text_perplexity": round(ppl, 3)}
         out = Path(args.out)
-        save_model_dir(lm, out, card=card)
-        if args.from_model and (Path(args.from_model) / "training_log.json").exists():  # card.py adds this run's stages to it
-            shutil.copy(Path(args.from_model) / "training_log.json", out / "training_log.json")
+        save_model_dir(lm, out, card=self.card(lm, evaluation))
         (self.work / "eval.json").write_text(json.dumps({"recall": recall, "end_of_turn": eot, "ppl": ppl}, indent=2), encoding="utf-8")
         log(f"wrote {out} ({(out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
+        return out
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def argument_parser(description: str | None = __doc__) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model directory to write (agent/models/default is the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/laplace-default-build")
@@ -260,34 +243,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every stage's steps and data (smoke runs); 1: the plan")
     ap.add_argument("--tiny", action="store_true", help="the tiny preset's widths instead of the default model's (smoke runs)")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (baseline.py)")
-    ap.add_argument("--stages", choices=sorted(STAGE_LISTS), default="plan",
-                    help="plan: the shipped model's stages; natural: those, then phase 6 (tried, not shipped)")
-    ap.add_argument("--from-model", default=None, metavar="DIR",
-                    help="start from this model (trained through the stages before --first-stage) instead of a new one")
-    ap.add_argument("--first-stage", default=None, metavar="NAME", help="with --from-model: the first stage to run (e.g. p6.natural512 with --stages natural)")
-    args = ap.parse_args(argv)
-    stages = STAGE_LISTS[args.stages]
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, stages: tuple[Stage, ...]) -> None:
+    """Refuse bad arguments in one line (argparse's exit 2) before any work."""
     names = [s.name for s in stages]
     if args.stop_after_stage is not None and args.stop_after_stage not in names:
         ap.error(f"--stop-after-stage: no stage {args.stop_after_stage!r} in the plan; stages: {names[0]} ... {names[-1]} "
                  f"(list them with: python -c 'from recipes.default_model.plan import PLAN; print([s.name for s in PLAN])')")
-    if args.first_stage is not None and args.first_stage not in names:
-        ap.error(f"--first-stage: no stage {args.first_stage!r} in the plan; stages: {names[0]} ... {names[-1]}")
-    if (args.from_model is None) != (args.first_stage is None):
-        ap.error("--from-model and --first-stage go together: the model must be trained through the stages before the first one")
-    if args.first_stage is not None and stages[names.index(args.first_stage)].resume:
-        ap.error(f"--first-stage {args.first_stage} continues the run before it; start at the first stage of a run instead")
     if not args.steps_scale > 0:
         ap.error(f"--steps-scale must be positive, got {args.steps_scale}")
     for name in ("threads", "eval_trials"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argument_parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args, PLAN)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    build = Build(args, scaled(STAGE_LISTS[args.stages], args.steps_scale))
+    build = Build(args, scaled(PLAN, args.steps_scale))
     build.finish(build.run())
     if args.baseline:
         from recipes.default_model.baseline import run_baseline

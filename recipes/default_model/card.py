@@ -35,7 +35,10 @@ def _fmt(rates: dict[Any, float], ds: tuple[int, ...] = (0, 256, 512, 1024, 2048
     return " ".join(f"{d}:{rates[d]:.2f}" for d in ds if d in rates)
 
 
-def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[str, Any]:
+def update_card(model_dir: Path, work: Path, probe_json: Path | None, *, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rewrite the card in `model_dir`'s config.json from the build's records and return it.
+    `record`: the training log of the model a run was continued from (an experiment's, such
+    as recipes/experiments/phase6.py); this run's stages follow its stages."""
     cfg_path = model_dir / "config.json"
     meta = json.loads(cfg_path.read_text(encoding="utf-8"))
     card = meta["card"]
@@ -46,10 +49,8 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
         detail["curriculum"] = card.pop("curriculum")
     log_path = model_dir / "training_log.json"
     if "stages" in detail:  # first run on a fresh recipe output; later runs reuse the file
-        if log_path.exists() and detail["stages"] and detail["stages"][0].get("phase", 1) > 1:
-            # A run continued with --from-model: its stages follow the record it came with.
-            before = json.loads(log_path.read_text(encoding="utf-8"))
-            detail = {**before, **detail, "stages": before["stages"] + detail["stages"]}
+        if record is not None:
+            detail = {**record, **detail, "stages": record["stages"] + detail["stages"]}
         log_path.write_text(json.dumps(detail, indent=2, default=str), encoding="utf-8")
     else:
         detail = json.loads(log_path.read_text(encoding="utf-8"))
@@ -59,11 +60,10 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
                         + " + synthetic template dialogues (recipes/default_model)"
                         + (" + key drills with made-up key words in phase 5" if card.get("phase5") else ""))
     stages = detail.get("stages") or []
-    given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1 from --from-model
+    given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1, recorded by the run that continued from it
     phase2 = [h for h in stages if h.get("phase") == 2]
     phase3 = next((h for h in reversed(stages) if h.get("phase") == 3), None)
     phase5 = [h for h in stages if h.get("phase") == 5]
-    phase6 = [h for h in stages if h.get("phase") == 6]
     if given is not None:
         card["curriculum"] = given["card"].get("curriculum")
         card["go_no_go"] = given["card"].get("go_no_go")
@@ -113,11 +113,6 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None) -> dict[st
             f"{h['steps'][1]} steps of {what[h['block']].format(keys=keys[h.get('data', {}).get('keys', 'fragment')])}, "
             f"rows of {h['rows']}, "
             f"lr {h['lr']:g} (WSD): " + last(h) for h in phase5)
-    if phase6:
-        card["curriculum_phase6"] = "; ".join(
-            f"{h['steps'][1]} steps of rows of {h['rows']}: {h['data']['natural_tokens'] / 1e6:.2f} M tokens of plain-speech dialogues "
-            f"({h['data'].get('facts', 0)} details, {h['data'].get('questions', 0)} questions, {h['data'].get('never', 0)} never stated, "
-            f"{h['data'].get('updates', 0)} updates) beside phase-5 rows, lr {h['lr']:g} (WSD)" for h in phase6)
     ev = json.loads((work / "eval.json").read_text(encoding="utf-8"))
     r = {k: {int(d): v for d, v in ev["recall"][k].items()} for k in ev["recall"] if isinstance(ev["recall"][k], dict)}
     card["heldout_recall_5digit"] = _fmt(r["recall_5digit"])

@@ -20,7 +20,8 @@ plan holds what it decided:
   here each runs straight through.
 
 Experiments that did not ship (phase 4, phase 5's "details", "gaps", "far" and "wide"
-blocks) are not here: docs/recipe-experiments.md records them and what they measured.
+blocks, phase 6's plain speech) are not here: docs/recipe-experiments.md records them and
+what they measured, and recipes/experiments/ holds the code of those still runnable.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 
 from agent.runtime.config import LaplaceConfig
 from recipes.default_model.dialogues import DialogueSpec
-from recipes.default_model.natural import NaturalSpec
 
 VOCAB = 3072
 MODEL = LaplaceConfig(
@@ -72,17 +72,6 @@ class KeyDrills:
 
 
 @dataclass(frozen=True)
-class Natural:
-    """Phase 6's rows: plain-speech dialogues (`natural.NaturalBuilder`, `spec`) for
-    `share` of the stage's tokens, and the rest a phase-5 block (`rest`), so the older
-    skills keep being trained while the new ones are learned."""
-
-    spec: NaturalSpec
-    share: float
-    rest: KeyDrills
-
-
-@dataclass(frozen=True)
 class Schedule:
     """Warmup then WSD: flat at `lr`, then a linear decay over the last `decay` share of
     `total` steps."""
@@ -103,7 +92,7 @@ class Stage:
 
     name: str
     phase: int
-    data: Chat | KeyDrills | Natural
+    data: Chat | KeyDrills  # (recipes/experiments/phase6.py adds its own kind, with a `spec`)
     seed: int
     steps: tuple[int, int]
     schedule: Schedule
@@ -217,29 +206,7 @@ def _phase5() -> list[Stage]:
     ]
 
 
-# Phase 6 (tried, not shipped: docs/recipe-experiments.md): everyday details in plain
-# speech, everyday questions with fluent replies; then made-up values (so values are
-# copied, not picked from a pool) and the recall block. `build.py --stages natural` runs
-# the plan with it; the shipped model is PLAN's.
-NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)
-WIDE512 = NaturalSpec(length=512, gap_min=0, gap_max=450, made_up=0.6, recall_block=0.5)
-P6_STEPS = (1800, 1200)
-
-
-def _phase6() -> list[Stage]:
-    def sched(total: int) -> Schedule:
-        return Schedule(lr=1e-3, warmup=20, total=total, decay=0.3)
-
-    rest = KeyDrills(KEY_DRILL, shares=MIX, rows3=ROWS3)
-    return [
-        Stage("p6.natural512", 6, Natural(NATURAL512, 0.6, rest), 6161, (0, P6_STEPS[0]), sched(P6_STEPS[0])),
-        Stage("p6.wide512", 6, Natural(WIDE512, 0.7, rest), 6262, (0, P6_STEPS[1]), sched(P6_STEPS[1])),
-    ]
-
-
 PLAN: tuple[Stage, ...] = (*_phase1(), *_phase2(), P3_STAGE, *_phase5())
-NATURAL_TRIAL: tuple[Stage, ...] = (*PLAN, *_phase6())
-STAGE_LISTS = {"plan": PLAN, "natural": NATURAL_TRIAL}
 
 
 def scaled(plan: tuple[Stage, ...], factor: float) -> tuple[Stage, ...]:

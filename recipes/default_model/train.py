@@ -9,6 +9,7 @@ tokens too (`weighted.FocusTrainer`).
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -32,18 +33,22 @@ def log_progress(m: dict[str, Any]) -> None:
         log(f"step {m['step']}/{m['total_steps']} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s")
 
 
-def train_stage(stage: Stage, *, data: Path, run: Path, base_dir: Path, base: LoadedModel, seed: int) -> dict[str, Any]:
+def train_stage(stage: Stage, *, data: Path, run: Path, base_dir: Path, base: LoadedModel, seed: int,
+                answers: re.Pattern[str] | None = None) -> dict[str, Any]:
     """Train `stage` on the data folder `data` into `run` (resumed there when the stage
-    continues a run), from the model at `base_dir` (`base`, loaded); the trainer's summary."""
+    continues a run), from the model at `base_dir` (`base`, loaded); the trainer's summary.
+    `answers` matches the replies whose loss is weighted (default: `weighted.ANSWER`)."""
     s = stage.schedule
     cfg = TrainConfig(data=(str(data),), out=str(run), base=str(base_dir), steps=s.total, seq_len=stage.rows,
                       batch_tokens=BATCH_TOKENS, lr=s.lr, warmup=s.warmup, schedule="wsd", decay_fraction=s.decay,
                       resume=str(run) if stage.resume else None, stop_after=stage.steps[1], seed=seed, device="cpu")
     if stage.focus:
         trainer: WeightedTrainer = FocusTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=stage.answer_weight,
-                                                focus=stage.focus, focus_weight=FOCUS_WEIGHT, focus_only=stage.focus_only)
+                                                answers=answers, focus=stage.focus, focus_weight=FOCUS_WEIGHT,
+                                                focus_only=stage.focus_only)
     else:
-        trainer = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=stage.answer_weight)
+        trainer = WeightedTrainer(cfg, base=base, on_log=log, on_step=log_progress, answer_weight=stage.answer_weight,
+                                  answers=answers)
     return trainer.run()
 
 

@@ -17,20 +17,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agent.probes.natural_text import CONCEPTS
 from agent.train.data import IGNORE_INDEX
 from agent.train.loop import Trainer
 
-# Phase 6's answers about everyday details ("You parked on level 4.") count as recall
-# answers too; none of them is a reply the earlier phases' data holds.
-_NATURAL = "|".join(re.escape(c.answer).replace(re.escape("{v}"), ".+") for c in CONCEPTS)
-ANSWER = re.compile(rf"^(The [^.]+ for the [^.]+ is .+|Your [^.]+ is .+|You haven't told me .+|{_NATURAL})$")
+ANSWER_FORMS = ("The [^.]+ for the [^.]+ is .+", "Your [^.]+ is .+", "You haven't told me .+")
+ANSWER = re.compile(rf"^({'|'.join(ANSWER_FORMS)})$")
 
 
 class WeightedTrainer(Trainer):
-    def __init__(self, *args: Any, answer_weight: float = 1.0, **kwargs: Any) -> None:
+    answers: re.Pattern[str] = ANSWER  # a whole reply that is a recall answer; a trial may pass its own
+
+    def __init__(self, *args: Any, answer_weight: float = 1.0, answers: re.Pattern[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.answer_weight = answer_weight
+        if answers is not None:
+            self.answers = answers
 
     def _weights(self, labels: torch.Tensor) -> torch.Tensor:
         w = torch.ones(labels.shape, dtype=torch.float32)
@@ -45,7 +46,7 @@ class WeightedTrainer(Trainer):
                 j = i
                 while j < len(row) and row[j] != IGNORE_INDEX:
                     j += 1
-                if j - i < 64 and ANSWER.match(tok.decode(row[i:j]).strip()):
+                if j - i < 64 and self.answers.match(tok.decode(row[i:j]).strip()):
                     w[r, i:j] = self.answer_weight
                 i = j
         return w

@@ -14,11 +14,12 @@ import torch
 from agent.chat.types import ChatError, ProgressEvent, StateUnusableError, StatsEvent, TokenEvent, TurnFinished, TurnStarted
 from agent.runtime.checkpoint import load_model
 from agent.runtime.state import RecurrentState
+from sessions import SessionStore
 
 
 def replayed(svc) -> RecurrentState:
     state = svc.lm.model.new_state(1)
-    for ids in svc.store.branch_token_ids(svc.session.uid):
+    for ids in svc.store.tree.branch_token_ids(svc.session.uid):
         if ids:
             _, state = svc.runner.prefill(ids, state)
     return state
@@ -29,9 +30,9 @@ def assert_state_matches_transcript(svc):
     ref = replayed(svc)
     assert live.n_tokens == ref.n_tokens
     torch.testing.assert_close(live.gla, ref.gla, rtol=1e-5, atol=1e-6)
-    head = svc.store.get_turn(svc.store.get_session(svc.session.uid).head_turn_id)
-    snap = svc.store.latest_snapshot(svc.session.uid)
-    stored = RecurrentState.from_bytes(svc.store.load_state(snap, expected_fingerprint=svc.lm.fingerprint))
+    head = svc.store.tree.get_turn(svc.store.core.get_session(svc.session.uid).head_turn_id)
+    snap = svc.store.states.latest(svc.session.uid)
+    stored = RecurrentState.from_bytes(svc.store.states.load(snap, expected_fingerprint=svc.lm.fingerprint))
     if snap.turn_id == head.id:
         torch.testing.assert_close(stored.gla, ref.gla, rtol=1e-5, atol=1e-6)
 
@@ -53,7 +54,7 @@ def test_send_persists_user_first_then_reply_and_state(make_service):
     assert roles == [("system", "complete"), ("user", "complete"), ("assistant", "complete")]
     assert_state_matches_transcript(svc)
     st = svc.status()
-    assert st.tokens_folded == svc.store.get_turn(finished.id).tokens_total
+    assert st.tokens_folded == svc.store.tree.get_turn(finished.id).tokens_total
     assert st.kv_cache_bytes == svc.lm.config.kv_cache_bytes(st.tokens_folded)
 
 
@@ -81,7 +82,7 @@ def test_consumer_walking_away_commits_the_partial_reply(make_service):
         if isinstance(ev, TokenEvent):
             break
     stream.close()  # what Ctrl-C in `laplace ask` or a dropped worker does
-    head = svc.store.tail(svc.session.uid, 1)[0]
+    head = svc.store.tree.tail(svc.session.uid, 1)[0]
     assert head.role == "assistant" and head.status == "cancelled"
     assert_state_matches_transcript(svc)
 
@@ -127,7 +128,7 @@ def test_resume_folds_a_user_turn_whose_reply_never_came(make_service):
     uid = svc.new_session().uid
     run(svc.send("first"))
     ids = svc.lm.template.message(svc.lm.tokenizer, "user", "crashed before reply")
-    svc.store.begin_turn(uid, role="user", content="crashed before reply", token_ids=ids)
+    svc.store.turns.begin_turn(uid, role="user", content="crashed before reply", token_ids=ids)
     svc.close()
     other = make_service()
     other.resume(uid)
@@ -237,7 +238,7 @@ def test_regenerate_adds_a_sibling_and_keeps_the_old_reply(make_service):
     assert second.parent_id == first.parent_id and second.id != first.id
     assert (second.sibling_index, second.sibling_count) == (1, 2)
     assert second.content != first.content  # a fixed seed is varied per sibling
-    assert svc.store.get_turn(first.id).content == first.content
+    assert svc.store.tree.get_turn(first.id).content == first.content
     assert_state_matches_transcript(svc)
 
 
@@ -267,7 +268,7 @@ def test_fork_copies_the_branch_and_its_state(make_service):
     assert forked.uid != uid and forked.turns == 2
     torch.testing.assert_close(svc._state_now().gla, state.gla)
     run(svc.send("only in the fork"))
-    assert svc.store.summary(uid).turns == 2
+    assert svc.store.browse.summary(uid).turns == 2
 
 
 def test_second_writer_gets_session_in_use(make_service):
@@ -285,9 +286,9 @@ def test_options_validate_and_persist(make_service):
     with pytest.raises(ChatError, match="unknown sampling option"):
         svc.set_option("warp", "9")
     svc.close()
-    other = make_service()
+    other = make_service(given={})  # nothing given at the edge: the stored value
     other.resume(uid)
-    assert other.options.temperature == 0
+    assert other.options.sampling.temperature == 0
 
 
 def test_non_utf8_message_is_refused(make_service):
@@ -303,5 +304,47 @@ def test_huge_paste_is_stored_whole(make_service):
     svc.new_session()
     big = "x" * 30_000
     last = run(svc.send(big))[-1]
-    user = svc.store.get_turn(last.turn.parent_id)
+    user = svc.store.tree.get_turn(last.turn.parent_id)
     assert user.content == big and user.n_tokens == 30_000 + 3
+
+
+def test_a_new_session_stores_the_options_it_runs_with(make_service):
+    """/set temperature 0.2, then /new: the new session runs at the given 0.8, and stores and
+    resumes with 0.8, not the old session's 0.2 (it stored that before resetting)."""
+    svc = make_service()  # given at the edge: temperature 0.8, seed 1, max_new_tokens 12
+    svc.new_session()
+    svc.set_option("temperature", "0.2")
+    uid = svc.new_session().uid
+    assert svc.options.sampling.temperature == 0.8
+    assert svc.store.core.get_session(uid).options == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12}
+    svc.close()
+    plain = make_service(given={})  # nothing given at the edge: what the session stored
+    plain.resume(uid)
+    assert plain.options.sampling.temperature == 0.8
+
+
+def test_options_are_stored_typed_and_edge_values_apply_once(make_service):
+    svc = make_service(stop=["END"])
+    uid = svc.new_session().uid
+    svc.set_option("top_p", "0.5")
+    svc.set_option("refresh", "off")
+    stored = svc.store.core.get_session(uid).options
+    assert stored == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12, "stop": ["END"], "top_p": 0.5, "refresh": False}
+    svc.close()
+    again = make_service(stop=["END"], temperature=0.3)  # the edge's values go on top of the stored ones
+    again.resume(uid)
+    assert again.options.sampling.stop == ("END",) and again.options.sampling.top_p == 0.5
+    assert again.store.core.get_session(uid).options["temperature"] == 0.3
+
+
+def test_an_older_database_s_text_options_resume_and_are_stored_typed(make_service, db_path):
+    svc = make_service()
+    uid = svc.new_session().uid
+    svc.close()
+    with SessionStore.open(db_path) as store:  # the shape an older laplace wrote
+        store.turns.set_options(uid, {"temperature": "0.2", "top_k": "5", "refresh": "False", "seed": "None"})
+    again = make_service()
+    again.resume(uid)
+    assert again.options.sampling.top_k == 5 and again.options.refresh.on is False
+    assert again.store.core.get_session(uid).options == {"temperature": 0.8, "seed": 1, "max_new_tokens": 12, "top_k": 5,
+                                                     "refresh": False}

@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def laplace(*args: str, input: str | bytes | None = None):
-    return runner.invoke(app, join_option_pairs(list(args)), input=input)
+    return runner.invoke(app, list(args), input=input)
 
 
 def store() -> SessionStore:
@@ -31,9 +31,9 @@ def test_ask_streams_persists_and_continues():
     res = laplace("ask", "-m", "tiny", "-s", "be brief", "-o", "max_new_tokens", "6", "-o", "temperature", "0", "hello")
     assert res.exit_code == 0, res.output
     with store() as s:
-        [summary] = s.list_sessions()
+        [summary] = s.browse.list_sessions()
         assert summary.turns == 2 and summary.session.system_prompt == "be brief"
-        reply = s.tail(summary.session.id, 1)[0]
+        reply = s.tree.tail(summary.session.id, 1)[0]
         assert reply.role == "assistant" and reply.status == "complete"
         assert res.stdout == reply.content + "\n"
     res = laplace("ask", "-c", "--json", "again")
@@ -42,15 +42,15 @@ def test_ask_streams_persists_and_continues():
     assert data["status"] == "complete" and data["session_uid"] == summary.session.uid
     assert data["new_tokens"] == 6  # the session's stored options apply on resume
     with store() as s:
-        assert s.summary(summary.session.uid).turns == 4
+        assert s.browse.summary(summary.session.uid).turns == 4
 
 
 def test_ask_reads_stdin_and_refuses_bad_bytes():
     res = laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "2", "-", input="from stdin")
     assert res.exit_code == 0, res.output
     with store() as s:
-        uid = s.list_sessions()[0].session.uid
-        assert s.tail(uid, 2)[0].content == "from stdin"
+        uid = s.browse.list_sessions()[0].session.uid
+        assert s.tree.tail(uid, 2)[0].content == "from stdin"
     res = laplace("ask", "-c", "-", input=b"\xff\xfe not utf-8")
     assert res.exit_code == 1 and "stdin is not UTF-8" in res.stderr
 
@@ -72,7 +72,7 @@ def test_ask_bad_inputs_are_one_line_errors(tmp_path):
         assert res.exit_code == 1, (args, res.output)
         assert needle in res.stderr and res.stderr.strip().count("\n") == 0, (args, res.stderr)
     with store() as s:
-        assert [x.turns for x in s.list_sessions()] == [2]  # nothing else written
+        assert [x.turns for x in s.browse.list_sessions()] == [2]  # nothing else written
 
 
 def test_ask_with_another_model_refuses_then_rebuilds(tmp_path):
@@ -112,7 +112,7 @@ def test_initial_state_starts_sessions_and_guards_resume(tmp_path):
 def test_export_to_an_unwritable_path_is_a_clean_error(tmp_path):
     laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "1", "hi")
     with store() as s:
-        uid = s.list_sessions()[0].session.uid
+        uid = s.browse.list_sessions()[0].session.uid
     res = laplace("sessions", "export", uid[:8], "-f", "json", "-o", str(tmp_path / "no" / "such" / "dir.json"))
     assert res.exit_code == 1 and "cannot write" in res.stderr
     res = laplace("sessions", "export", uid[:8], "-f", "json", "-o", str(tmp_path / "ok.json"))
@@ -128,9 +128,9 @@ def test_the_bundled_default_model_answers_in_turn():
     data = json.loads(res.stdout)
     assert data["status"] == "complete" and data["reply"].strip()
     with store() as s:
-        [summary] = s.list_sessions()
+        [summary] = s.browse.list_sessions()
         assert summary.session.model_id == "default"  # a name, not the install path
-        reply = s.tail(summary.session.id, 1)[0]
+        reply = s.tree.tail(summary.session.id, 1)[0]
         assert reply.stats["stop_reason"] == "stop"  # it ended its own turn
 
 
@@ -165,6 +165,19 @@ def test_ask_json_reports_a_recall_block_and_refresh_off_suppresses_it():
     bad = laplace("ask", "-c", "-o", "refresh", "maybe", "hi")
     assert bad.exit_code == 1 and "refresh is on or off" in bad.output and "Traceback" not in bad.output
     with store() as s:
-        uid = s.most_recent_session().uid
-        kinds = [m.get("kind") for m in s.export_json(uid)["messages"]]
+        uid = s.browse.most_recent_session().uid
+        kinds = [m.get("kind") for m in s.browse.export_json(uid)["messages"]]
     assert kinds.count("recall") == 1  # only the question with refresh on got a block
+
+
+def test_ask_json_writes_no_raw_control_character():
+    """DEL and the C1 controls (8-bit CSI) in stored text come back escaped, not raw."""
+    hostile = "My locker code is 48213.\u009b2J\x7f"
+    assert laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "4", "-o", "refresh_horizon", "20", hostile).exit_code == 0
+    laplace("ask", "-c", "Tell me about the garden and the river by the old mill, please.")
+    res = laplace("ask", "-c", "--json", "What is my locker code?")
+    assert res.exit_code == 0, res.output
+    assert not any(0x7f <= ord(c) <= 0x9f or (ord(c) < 0x20 and c != "\n") for c in res.stdout), repr(res.stdout)
+    assert res.stdout.count("\n") == 1  # still one line
+    data = json.loads(res.stdout)
+    assert "\u009b2J\x7f" in data["extra"]["recall"]["text"]  # the data is exact

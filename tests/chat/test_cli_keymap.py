@@ -34,9 +34,16 @@ def chat_with(keymap: Path):
         ("regenerate = \"f5\"\n", "unexpected 'regenerate' outside [keys]"),
         ("[keys]\nregen = \"f5\"\n", "unknown key binding id 'regen'"),
         ("[keys\n", "not valid TOML"),
+        ("[keys]\nquit = \"enter\"\n", "'quit' and 'submit' would both take 'enter'"),
+        ("[keys]\nregenerate = \"ctrl+o\"\n", "'regenerate' and 'sessions' would both take 'ctrl+o'"),
+        ("[keys]\nnewline = \"ctrl+t\"\n", "'newline' and 'copy_message' would both take 'ctrl+t'"),
+        ("[keys]\nsessions_new = \"ctrl+q\"\n", "'sessions_new' and 'quit' would both take 'ctrl+q'"),
+        ("[keys]\nmessage_next = \"f1\"\n", "'message_next' and 'help' would both take 'f1'"),
+        ("[keys]\ncopy_code = \"f5\"\ncopy_message = \"f5\"\n", "'copy_code' and 'copy_message' would both take 'f5'"),
     ],
     ids=["missing-file", "bad-modifier", "bad-key", "empty-key", "list-of-non-strings", "empty-list", "bad-key-in-list",
-         "outside-table", "unknown-id", "bad-toml"],
+         "outside-table", "unknown-id", "bad-toml", "quit-on-enter", "app-with-app", "prompt-with-app", "panel-with-quit",
+         "message-with-app", "two-remapped"],
 )
 def test_bad_keymap_is_one_error_line(tmp_path: Path, content: str | None, match: str) -> None:
     path = tmp_path / "keys.toml"
@@ -52,11 +59,20 @@ def test_bad_keymap_is_one_error_line(tmp_path: Path, content: str | None, match
 def test_good_keymaps_load(tmp_path: Path) -> None:
     path = tmp_path / "keys.toml"
     path.write_text('[keys]\nregenerate = "f5, ctrl+shift+r"\nnewline = ["ctrl+j", "alt+enter"]\nsubmit = "question_mark"\n')
-    assert load_keymap(path) == {"regenerate": "f5,ctrl+shift+r", "newline": "ctrl+j,alt+enter", "submit": "question_mark"}
-    assert load_keymap(None) is None  # the default file is optional
+    home = Settings.from_env().home
+    assert load_keymap(path, home) == {"regenerate": "f5,ctrl+shift+r", "newline": "ctrl+j,alt+enter", "submit": "question_mark"}
+    assert load_keymap(None, home) is None  # the default file is optional
     Settings.from_env().ensure_home()
     (Settings.from_env().home / "keymap.toml").write_text('[keys]\nregenerate = "f6"\n')
-    assert load_keymap(None) == {"regenerate": "f6"}
+    assert load_keymap(None, home) == {"regenerate": "f6"}
+
+
+def test_keys_may_repeat_where_the_bindings_are_never_active_together(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    # The prompt's enter and a focused message's enter never compete; the sessions panel
+    # overrides the app's own (non-priority) keys on purpose; a freed key can be reused.
+    path.write_text('[keys]\ntoggle_recall = "enter"\nsessions_rename = "ctrl+t"\nregenerate = "f5"\ncopy_message = "ctrl+r"\n')
+    assert load_keymap(path, Settings.from_env().home) is not None
 
 
 def test_every_default_binding_key_is_valid() -> None:

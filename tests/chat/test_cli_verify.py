@@ -26,7 +26,7 @@ def two_exchanges() -> str:
     assert laplace("ask", "-m", "tiny", "-o", "max_new_tokens", "4", "my code is 48213").exit_code == 0
     assert laplace("ask", "-c", "-o", "max_new_tokens", "4", "and the weather?").exit_code == 0
     with store() as s:
-        return s.list_sessions()[0].session.uid
+        return s.browse.list_sessions()[0].session.uid
 
 
 def sql(statement: str, params: list) -> None:  # type: ignore[type-arg]
@@ -50,7 +50,7 @@ def test_verify_passes_on_a_healthy_session():
 def test_edited_token_ids_fail_verify_and_resume_until_rebuilt():
     uid = two_exchanges()
     with store() as s:
-        first_user = s.branch(uid)[1]
+        first_user = s.tree.branch(uid)[1]
     sql("UPDATE turns SET token_ids = ? WHERE id = ?", [pack_ids([100, 101, 102]), first_user.id])
     one_error_line(laplace("sessions", "verify", uid[:8]), f"turn {first_user.id}", "hash chain",
                    f"laplace chat --session {uid[:8]} --rebuild-state")
@@ -65,7 +65,7 @@ def test_edited_token_ids_fail_verify_and_resume_until_rebuilt():
 def test_rebuild_refuses_token_ids_the_model_does_not_have():
     uid = two_exchanges()
     with store() as s:
-        first_user = s.branch(uid)[1]
+        first_user = s.tree.branch(uid)[1]
     sql("UPDATE turns SET token_ids = ? WHERE id = ?", [pack_ids([300, 301, 302]), first_user.id])
     one_error_line(laplace("ask", "-c", "--rebuild-state", "x"), f"turn {first_user.id}",
                    f"laplace sessions fork {uid[:8]} --at {first_user.parent_id}")
@@ -75,8 +75,8 @@ def test_a_state_that_differs_from_a_replay_fails_only_the_replay_check():
     uid = two_exchanges()
     lm = load_model("tiny")
     with store() as s:
-        snap = s.latest_snapshot(uid)
-        state = RecurrentState.from_bytes(s.load_state(snap, expected_fingerprint=lm.fingerprint), config=lm.config,
+        snap = s.states.latest(uid)
+        state = RecurrentState.from_bytes(s.states.load(snap, expected_fingerprint=lm.fingerprint), config=lm.config,
                                           fingerprint=lm.fingerprint)
     state.gla += 0.5  # consistent bytes, checksum and hashes; wrong numbers
     blob = state.to_bytes(fingerprint=lm.fingerprint)
@@ -89,3 +89,31 @@ def test_a_state_that_differs_from_a_replay_fails_only_the_replay_check():
     res = laplace("ask", "-c", "--rebuild-state", "-o", "max_new_tokens", "2", "x")
     assert res.exit_code == 0 and "replaying transcript" in res.stderr, res.output
     assert laplace("sessions", "verify", uid[:8], "--replay").exit_code == 0
+
+
+def chain_rows() -> list:  # type: ignore[type-arg]
+    conn = sqlite3.connect(Settings.from_env().db_path)
+    rows = conn.execute("SELECT id, stream_hash, tokens_total, n_tokens FROM turns ORDER BY id").fetchall()
+    rows += conn.execute("SELECT id, turn_id FROM state_snapshots ORDER BY id").fetchall()
+    conn.close()
+    return rows
+
+
+def test_a_token_blob_cut_mid_id_is_named_with_the_way_out_and_nothing_is_rewritten():
+    uid = two_exchanges()
+    with store() as s:
+        second_user = s.tree.branch(uid)[3]
+    sql("UPDATE turns SET token_ids = substr(token_ids, 1, length(token_ids) - 1) WHERE id = ?", [second_user.id])
+    before = chain_rows()
+    way_out = f"laplace sessions fork {uid[:8]} --at {second_user.parent_id}"
+    one_error_line(laplace("ask", "-c", "--rebuild-state", "x"), f"turn {second_user.id}", way_out)
+    assert chain_rows() == before  # the rebuild refused before it rewrote the chain
+    one_error_line(laplace("ask", "-c", "x"), f"turn {second_user.id}", way_out)
+    one_error_line(laplace("sessions", "verify", uid[:8]), f"turn {second_user.id}", way_out)
+    assert chain_rows() == before
+    # The way out it names works: the part before the damaged turn, usable at once.
+    fork = laplace("sessions", "fork", uid[:8], "--at", str(second_user.parent_id))
+    assert fork.exit_code == 0, fork.output
+    new = fork.stdout.strip().splitlines()[-1]
+    assert laplace("ask", "--session", new[:8], "-o", "max_new_tokens", "2", "x").exit_code == 0
+    assert laplace("sessions", "verify", new[:8]).exit_code == 0

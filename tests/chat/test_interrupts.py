@@ -59,11 +59,11 @@ def check_consistent(db: Path, model: str) -> None:
     runner = EagerRunner(lm.model, segment_len=64)
     with SessionStore.open(db, readonly=True) as s:
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        for summary in s.list_sessions():
-            snap = s.latest_snapshot(summary.session.id)
-            stored = RecurrentState.from_bytes(s.load_state(snap, expected_fingerprint=lm.fingerprint))
+        for summary in s.browse.list_sessions():
+            snap = s.states.latest(summary.session.id)
+            stored = RecurrentState.from_bytes(s.states.load(snap, expected_fingerprint=lm.fingerprint))
             state = lm.model.new_state(1)
-            for ids in s.branch_token_ids(summary.session.id, snap.turn_id):
+            for ids in s.tree.branch_token_ids(summary.session.id, snap.turn_id):
                 if ids:
                     _, state = runner.prefill(ids, state)
             # Thousands of one-token decode steps against a chunked replay of the same tokens:
@@ -80,10 +80,10 @@ def test_ctrl_c_mid_reply_saves_it_as_cancelled(tmp_path, endless):
     assert proc.returncode == 130, err
     assert b"partial reply was saved" in err
     with SessionStore.open(home / "laplace.db", readonly=True) as s:
-        uid = s.list_sessions()[0].session.uid
-        head = s.tail(uid, 1)[0]
+        uid = s.browse.list_sessions()[0].session.uid
+        head = s.tree.tail(uid, 1)[0]
         assert head.role == "assistant" and head.status == "cancelled" and head.content
-        assert s.latest_snapshot(uid).turn_id == head.id  # the partial reply has its state
+        assert s.states.latest(uid).turn_id == head.id  # the partial reply has its state
     check_consistent(home / "laplace.db", endless)
 
 
@@ -99,8 +99,8 @@ def test_kill_9_mid_reply_loses_nothing_committed(tmp_path, endless):
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0, err
     with SessionStore.open(home / "laplace.db", readonly=True) as s:
-        uid = s.list_sessions()[0].session.uid
-        roles = [(t.role, t.status, t.content[:12]) for t in s.branch(uid)]
+        uid = s.browse.list_sessions()[0].session.uid
+        roles = [(t.role, t.status, t.content[:12]) for t in s.tree.branch(uid)]
     assert roles[1] == ("user", "complete", "a committed ")
     assert roles[3] == ("user", "complete", "this reply w")  # stored before generation began
     assert roles[4][:2] == ("assistant", "cancelled")  # interrupted, its text kept
@@ -110,8 +110,8 @@ def test_kill_9_mid_reply_loses_nothing_committed(tmp_path, endless):
     lm = load_model(endless)
     tok, tpl = lm.tokenizer, lm.template
     with SessionStore.open(home / "laplace.db", readonly=True) as s:
-        killed = s.branch(uid)[4]
-        ids = s.turn_token_ids(killed.id)
+        killed = s.tree.branch(uid)[4]
+        ids = s.tree.turn_token_ids(killed.id)
     assert killed.content and ids == [*tpl.reply_prefix(tok), *tok.encode(killed.content), *tpl.reply_suffix(tok)]
     check_consistent(home / "laplace.db", endless)
 

@@ -19,9 +19,9 @@ def crash_mid_reply(svc, uid: str, partial: str) -> int:
     """What a writer killed mid-reply leaves: the user turn, and a streaming reply holding
     the text flushed so far and no token ids. Returns the reply's turn id."""
     ids = svc.lm.template.message(svc.lm.tokenizer, "user", "tell me more")
-    svc.store.begin_turn(uid, role="user", content="tell me more", token_ids=ids)
-    reply = svc.store.begin_turn(uid, role="assistant")
-    svc.store.update_streaming(reply.id, partial)
+    svc.store.turns.begin_turn(uid, role="user", content="tell me more", token_ids=ids)
+    reply = svc.store.turns.begin_turn(uid, role="assistant")
+    svc.store.turns.update_streaming(reply.id, partial)
     return reply.id
 
 
@@ -34,13 +34,13 @@ def test_resume_folds_the_kept_text_of_an_interrupted_reply(make_service):
 
     other = make_service()
     other.resume(uid)
-    turn = other.store.get_turn(reply_id)
+    turn = other.store.tree.get_turn(reply_id)
     assert turn.status == "cancelled" and turn.content == "The answer is 42 and"
     tok, tpl = other.lm.tokenizer, other.lm.template
-    ids = other.store.turn_token_ids(reply_id)
+    ids = other.store.tree.turn_token_ids(reply_id)
     assert ids == [*tpl.reply_prefix(tok), *tok.encode("The answer is 42 and"), *tpl.reply_suffix(tok)]
     # The state has read exactly the stored text, and that state was committed with it.
-    assert other.store.latest_snapshot(uid).turn_id == reply_id
+    assert other.store.states.latest(uid).turn_id == reply_id
     assert_state_matches_transcript(other)
     run(other.send("and then?"))
     assert_state_matches_transcript(other)
@@ -52,11 +52,11 @@ def test_fork_of_a_crashed_session_folds_the_kept_text(make_service):
     run(svc.send("first"))
     svc.close()
     crash_mid_reply(svc, uid, "half a rep")
-    forked = svc.store.fork(uid)  # `laplace sessions fork` runs without a model
+    forked = svc.store.browse.fork(uid)  # `laplace sessions fork` runs without a model
 
     other = make_service()
     other.resume(forked.uid)
-    head = other.store.get_turn(other.store.get_session(forked.uid).head_turn_id)
+    head = other.store.tree.get_turn(other.store.core.get_session(forked.uid).head_turn_id)
     assert head.status == "cancelled" and head.n_tokens > 0
     assert_state_matches_transcript(other)
 
@@ -73,7 +73,7 @@ def test_an_interrupted_reply_is_folded_once(make_service):
     first.close()
     again = make_service()
     again.resume(uid)
-    assert again.store.get_turn(reply_id).n_tokens == first.store.get_turn(reply_id).n_tokens
+    assert again.store.tree.get_turn(reply_id).n_tokens == first.store.tree.get_turn(reply_id).n_tokens
     assert isinstance(again._state_now(), RecurrentState)
     torch.testing.assert_close(again._state_now().gla, state.gla)
 
@@ -93,7 +93,7 @@ def test_resume_notices_an_edited_earlier_turn_and_rebuild_repairs_it(make_servi
     uid = svc.new_session().uid
     run(svc.send("my code is 48213"))
     run(svc.send("and the weather?"))
-    first_user = svc.store.branch(uid)[1]
+    first_user = svc.store.tree.branch(uid)[1]
     svc.close()
     tok, tpl = svc.lm.tokenizer, svc.lm.template
     edit_token_ids(db_path, first_user.id, tpl.message(tok, "user", "my code is 99999"))
@@ -125,8 +125,8 @@ def test_a_crashed_reply_over_an_unusable_state_is_folded_by_the_rebuild(make_se
     other = make_service()
     with pytest.raises(StateUnusableError, match="corrupt"):
         other.resume(uid)
-    assert other.store.get_turn(reply_id).n_tokens == 0  # nothing written without a state to fold into
+    assert other.store.tree.get_turn(reply_id).n_tokens == 0  # nothing written without a state to fold into
     run(other.rebuild_state())
-    assert other.store.get_turn(reply_id).n_tokens > 0
-    assert other.store.latest_snapshot(uid).turn_id == reply_id
+    assert other.store.tree.get_turn(reply_id).n_tokens > 0
+    assert other.store.states.latest(uid).turn_id == reply_id
     assert_state_matches_transcript(other)

@@ -81,8 +81,8 @@ def test_two_turns_quit_and_continue(term, tmp_path):
     deadline = time.monotonic() + 30
     store = SessionStore.open(tmp_path / "home" / "laplace.db", readonly=True)
     while time.monotonic() < deadline:  # wait for the second reply to be committed
-        [summary] = store.list_sessions()
-        head = store.tail(summary.session.id, 1)[0]
+        [summary] = store.browse.list_sessions()
+        head = store.tree.tail(summary.session.id, 1)[0]
         if summary.turns == 4 and head.status == "complete":
             break
         time.sleep(0.2)
@@ -95,7 +95,7 @@ def test_two_turns_quit_and_continue(term, tmp_path):
     folded = int(re.search(r"(\d[\d,]*) tokens folded", screen).group(1).replace(",", ""))
     assert "first message" in screen and "second message" in screen
     assert folded == head.tokens_total  # resumed on the stored state
-    snap = store.latest_snapshot(summary.session.id)
+    snap = store.states.latest(summary.session.id)
     assert snap.turn_id == head.id and snap.n_tokens == head.tokens_total
     term.tmux("send-keys", "-t", "chat", "C-q")
     term.wait_gone()

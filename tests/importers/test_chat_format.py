@@ -89,3 +89,41 @@ def test_probe_style_follows_the_imported_template(tmp_path) -> None:
 
     assert default_style(TOK, segment_template(files(LLAMA3_LIKE, tmp_path), TOK)) == "chat"
     assert default_style(TOK, segment_template(files(None, tmp_path), TOK)) == "completion"
+
+
+def _tokenizer_dir(tmp_path, *, adds_bos: bool, add_bos_token: bool | None = None):
+    """A tokenizer directory whose post-processor does (or does not) put <|bos|> first, and
+    a tokenizer_config.json that may say so explicitly, as Llama 3's does."""
+    import json
+
+    from tokenizers import processors
+
+    from agent.runtime.tokenizer import Tokenizer
+
+    tok = byte_level_tokenizer()
+    if adds_bos:
+        tok.hf.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", TOK.token_id("<|bos|>"))])
+    root = tmp_path / f"tok-{adds_bos}-{add_bos_token}"
+    root.mkdir()
+    Tokenizer(tok.hf).save(root / "tokenizer.json")
+    config = {"bos_token": "<|bos|>", "eos_token": "<|end|>"}
+    if add_bos_token is not None:
+        config["add_bos_token"] = add_bos_token
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root, Tokenizer.from_file(root / "tokenizer.json"), TokenizerFiles(
+        root / "tokenizer.json", config, {"eos_token_id": TOK.token_id("<|end|>")}, None)
+
+
+@pytest.mark.parametrize("adds_bos, add_bos_token", [(True, None), (False, None), (True, False), (False, True)],
+                         ids=["post-processor", "none", "config-off", "config-on"])
+def test_the_plain_template_starts_with_the_bos_transformers_would_add(tmp_path, adds_bos, add_bos_token) -> None:
+    from transformers import AutoTokenizer
+
+    root, tok, f = _tokenizer_dir(tmp_path, adds_bos=adds_bos, add_bos_token=add_bos_token)
+    tpl = segment_template(f, tok)
+    assert tpl.source == "plain"
+    reference = AutoTokenizer.from_pretrained(str(root))("User: hi")["input_ids"]
+    first = tpl.message(tok, "user", "hi", first=True)
+    assert first[: len(reference)] == reference  # the BOS (or none) exactly where transformers puts it
+    assert tpl.bos == ("<|bos|>" if reference[0] == TOK.token_id("<|bos|>") else "")

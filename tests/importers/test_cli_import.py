@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli.chat import join_option_pairs
 from agent.settings import Settings
 from tests.importers.helpers import llamba_checkpoint, write_tokenizer
 
@@ -18,7 +18,7 @@ runner = CliRunner()
 
 
 def laplace(*args: str):
-    return runner.invoke(app, join_option_pairs(list(args)))
+    return runner.invoke(app, list(args))
 
 
 def models_dir():
@@ -69,6 +69,9 @@ def test_import_then_ask_probe_info_finetune(ckpt, tmp_path) -> None:
                   "--batch-tokens", "64")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "ft" / "model.safetensors").is_file()
+    assert "synthesized_parameters" in info["card"]  # fixed at 0 by the import: not counted
+    tuned = json.loads(laplace("info", "-m", str(tmp_path / "ft"), "--json").stdout)
+    assert "synthesized_parameters" not in tuned["card"] and tuned["parameters"] > info["parameters"]  # trained now
 
 
 def test_import_check_flags_a_random_model(ckpt) -> None:
@@ -101,7 +104,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, ckpt, tmp_path) -> None:
     elif case == "no-config":
         (ckpt / "config.json").unlink()
     elif case == "unknown-arch":
-        (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+        (ckpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     elif case == "no-tokenizer":
         (ckpt / "tokenizer.json").unlink()
     elif case == "bad-json":
@@ -131,7 +134,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, ckpt, tmp_path) -> None:
     assert "Traceback" not in res.output
     assert leftovers() == before  # no partial model directory, no temp directory left behind
     expected = {"missing": "does not exist", "file": "it is a file", "no-config": "config.json is missing",
-                "unknown-arch": "unknown architecture (llama)", "no-tokenizer": "--tokenizer", "bad-json": "not valid JSON",
+                "unknown-arch": "unknown architecture (gpt2)", "no-tokenizer": "--tokenizer", "bad-json": "not valid JSON",
                 "truncated-weights": "download it again", "wrong-shape": "the config and weights do not match", "extra-tensor": "does not use",
                 "exists": "already exists", "bad-name": "not usable as a directory name"}[case]
     assert expected in res.stderr
@@ -188,7 +191,7 @@ def test_pull_downloads_then_imports(monkeypatch, ckpt) -> None:
 
 
 def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -> None:
-    from agent.probes.ledger import recall_horizon
+    from agent.recall.horizon import recall_horizon
     from agent.runtime.checkpoint import load_model
 
     import torch
@@ -205,3 +208,59 @@ def test_recall_horizon_of_an_imported_model_is_measured_from_its_decays(ckpt) -
             block.attn.A_log.fill_(-9.21)
     slow, _ = recall_horizon(lm)
     assert slow > 1000 * max(fast, 1)
+
+
+def _downloads() -> list[str]:
+    root = Settings.from_env().home / "downloads"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def test_a_failed_pull_that_got_nothing_leaves_nothing_and_promises_no_resume(monkeypatch) -> None:
+    import huggingface_hub
+
+    def offline(repo_id, *, revision=None, local_dir=None, allow_patterns=None):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    res = laplace("pull", "someone/Tiny-Llamba")
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.output
+    assert "cannot download someone/Tiny-Llamba" in res.stderr and "kept" not in res.stderr and "resume" not in res.stderr
+    assert _downloads() == []
+    res = laplace("pull", "not-a-repo-id")  # refused before anything is fetched
+    assert res.exit_code == 1 and "is not a repo id" in res.stderr and "kept" not in res.stderr
+    assert _downloads() == []
+
+
+def test_a_failed_pull_that_got_part_of_the_files_keeps_them_and_says_so(monkeypatch, ckpt) -> None:
+    import huggingface_hub
+
+    def cut_off(repo_id, *, revision=None, local_dir=None, allow_patterns=None):
+        shutil.copy(ckpt / "config.json", Path(local_dir) / "config.json")
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", cut_off)
+    res = laplace("pull", "someone/Tiny-Llamba")
+    assert res.exit_code == 1 and "what was downloaded is kept" in res.stderr and "run the same pull again" in res.stderr
+    assert _downloads() == ["someone__Tiny-Llamba", "someone__Tiny-Llamba/config.json"]
+
+
+def test_info_counts_the_parameters_of_the_checkpoint_not_the_ones_the_import_makes_up(tmp_path) -> None:
+    """A Llamba import fills A_log and dt_bias with zeros (its decay is -softplus(a)); they
+    are not the checkpoint's parameters, so `info` does not count them (lm_head: untied)."""
+    tensors = llamba_checkpoint(tmp_path / "ckpt")
+    assert laplace("import", str(tmp_path / "ckpt"), "--out", "lb").exit_code == 0
+    info = json.loads(laplace("info", "-m", "lb", "--json").stdout)
+    assert info["parameters"] == sum(t.numel() for t in tensors.values())
+    assert info["muon_parameters"] + info["adamw_parameters"] == info["parameters"]
+
+
+def test_a_llamba_config_that_leaves_n_v_heads_to_the_default_is_imported(tmp_path) -> None:
+    """cartesia's DiscreteMamba2 defaults n_v_heads (and n_qk_heads) to 32: a config.json
+    that leaves them out is still a Llamba."""
+    llamba_checkpoint(tmp_path / "ckpt", d_model=64, n_v_heads=32, n_qk_heads=32)
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    del cfg["ssm_cfg"]["n_v_heads"], cfg["ssm_cfg"]["n_qk_heads"]
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    res = laplace("import", str(tmp_path / "ckpt"), "--out", "lb")
+    assert res.exit_code == 0, res.output
+    assert "32 heads" in res.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli.probe import app
+from agent.cli import app
 from agent.probes.engine import advance
 from sessions import SessionStore, StateMeta
 
@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def _invoke(home: Path, *args: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, list(args), env={"LAPLACE_HOME": str(home), "LAPLACE_DEVICE": "cpu"})
+    return runner.invoke(app, ["probe", *args], env={"LAPLACE_HOME": str(home), "LAPLACE_DEVICE": "cpu"})
 
 
 def _one_error_line(result) -> None:  # type: ignore[no-untyped-def]
@@ -39,7 +39,7 @@ def test_run_smoke_writes_json_plot_and_a_probe_run(tmp_path):
     assert report["suite"]["style"] == "chat" and "chat prompts" in r.output
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     with SessionStore.open(tmp_path / "laplace.db", readonly=True) as store:
-        runs = store.list_probe_runs()
+        runs = store.browse.list_probe_runs()
     assert len(runs) == 1 and runs[0].kind == "smoke" and runs[0].payload["cells"] == report["cells"]
     # Compare: identical reports pass, a failed self-test fails.
     assert _invoke(tmp_path, "compare", str(out), str(out)).exit_code == 0
@@ -79,21 +79,21 @@ def session_db(tmp_path, tiny):
     store = SessionStore.open(tmp_path / "laplace.db")
     sys_ids = tpl.message(tok, "system", "You are helpful.", first=True)
     _, state = advance(m, m.new_state(1), sys_ids)
-    s = store.create_session(model_id="tiny", system_prompt="You are helpful.", system_token_ids=sys_ids,
+    s = store.turns.create_session(model_id="tiny", system_prompt="You are helpful.", system_token_ids=sys_ids,
                              state=state.to_bytes(fingerprint=fp), state_meta=StateMeta(model_fingerprint=fp, n_tokens=len(sys_ids)))
     turns = [("My locker code is 48213. Please remember it.", "Noted."), ("Tell me about the weather.", "It is sunny and mild today.")]
     replies = []
     for user, reply in turns:
         u_ids = tpl.message(tok, "user", user)
-        store.begin_turn(s.id, role="user", content=user, token_ids=u_ids)
+        store.turns.begin_turn(s.id, role="user", content=user, token_ids=u_ids)
         _, state = advance(m, state, u_ids)
-        a = store.begin_turn(s.id, role="assistant")
+        a = store.turns.begin_turn(s.id, role="assistant")
         r_ids = tpl.reply_prefix(tok) + tok.encode(reply) + tpl.reply_suffix(tok)
         _, state = advance(m, state, r_ids)
         replies.append(a.id)
-        store.commit_turn(a.id, content=reply, token_ids=r_ids, state=state.to_bytes(fingerprint=fp),
+        store.turns.commit_turn(a.id, content=reply, token_ids=r_ids, state=state.to_bytes(fingerprint=fp),
                           state_meta=StateMeta(model_fingerprint=fp, n_tokens=state.n_tokens))
-    store.begin_turn(s.id, role="user", content="One more thing.", token_ids=tpl.message(tok, "user", "One more thing."))
+    store.turns.begin_turn(s.id, role="user", content="One more thing.", token_ids=tpl.message(tok, "user", "One more thing."))
     store.close()
     return tmp_path, s.uid, replies[0]
 
@@ -140,7 +140,7 @@ def test_session_bad_input(session_db, args, message):
 
 
 def test_verdicts_follow_rank_lift_and_the_blank_control():
-    from agent.probes.verdicts import judge
+    from agent.recall.verdicts import judge
 
     def verdict(rank=1, lift=3.0, blank_rank=9, said=False, n=20):  # type: ignore[no-untyped-def]
         return judge(said=said, rank=rank, n_candidates=n, lift=lift, blank_rank=blank_rank)[0]

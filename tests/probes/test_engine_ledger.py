@@ -10,7 +10,8 @@ import torch
 from agent.probes import text
 from agent.probes.engine import advance, ask
 from agent.probes.fillers import make_filler
-from agent.probes.ledger import capture_decays, counterfactual_trace, resume_check, retention_ledger
+from agent.probes.ledger import counterfactual_trace, resume_check, retention_ledger
+from agent.recall.decays import capture_decays
 from agent.probes.tasks import PromptBuilder, build_sample, candidates
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli.probe import app
+from agent.cli import app
 from agent.probes import natural
 from agent.probes.natural import build_conversation, plan, render, run_natural, score_absent, score_stated
 from agent.probes.natural_text import CONCEPTS, mentions, say, says_not_told
@@ -109,7 +109,7 @@ def test_refresh_block_is_read_only_past_the_horizon_and_holds_the_value(tiny):
     ["--refresh", "maybe"], ["-m", "no-such-model"], ["--out", "/no/such/folder/report.json"],
 ])
 def test_cli_bad_inputs_are_one_error_line(tmp_path, args):
-    r = runner.invoke(app, ["natural", "-m", "tiny", *args], env={"LAPLACE_HOME": str(tmp_path), "LAPLACE_DEVICE": "cpu"})
+    r = runner.invoke(app, ["probe", "natural", "-m", "tiny", *args], env={"LAPLACE_HOME": str(tmp_path), "LAPLACE_DEVICE": "cpu"})
     assert r.exit_code == 1 and "Traceback" not in r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")
@@ -117,12 +117,12 @@ def test_cli_bad_inputs_are_one_error_line(tmp_path, args):
 
 def test_cli_runs_and_writes_json(tmp_path):
     out = tmp_path / "n.json"
-    r = runner.invoke(app, ["natural", "-m", "tiny", "--distances", "0,40", "--trials", "2", "--threads", "1",
+    r = runner.invoke(app, ["probe", "natural", "-m", "tiny", "--distances", "0,40", "--trials", "2", "--threads", "1",
                             "--refresh", "on", "--out", str(out)], env={"LAPLACE_HOME": str(tmp_path), "LAPLACE_DEVICE": "cpu"})
     assert r.exit_code == 0, r.output
     assert "laplace probe natural" in r.output and "not told" in r.output
     report = json.loads(out.read_text())
     assert [(x["mode"], x["distance"]) for x in report["rows"]] == [("on", 0), ("on", 40)]
-    r = runner.invoke(app, ["natural", "-m", "tiny", "--distances", "0", "--trials", "1", "--refresh", "off", "--json"],
+    r = runner.invoke(app, ["probe", "natural", "-m", "tiny", "--distances", "0", "--trials", "1", "--refresh", "off", "--json"],
                       env={"LAPLACE_HOME": str(tmp_path), "LAPLACE_DEVICE": "cpu"})
     assert r.exit_code == 0 and json.loads(r.output)["rows"][0]["n"] == 1

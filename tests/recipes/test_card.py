@@ -99,23 +99,3 @@ def test_phase5_adds_its_blocks_their_last_checks_and_the_refusals_of_stated_fac
     assert out["tokens_per_s"] == "phase 1: 2129, phase 5: 4220"
     assert out["data"].endswith("key drills with made-up key words in phase 5")
     assert out["heldout_refused_stated"] == "0:0.00 256:0.12 512:0.25"
-
-
-def test_a_continued_run_adds_its_stages_to_the_record_and_phase6_its_line(tmp_path: Path) -> None:
-    before = {"stages": [{"phase": 1, "from_model": "/x", "card": {"curriculum": "256x250", "go_no_go": "g"}, "log": None},
-                         {"phase": 5, "block": "long", "steps": [0, 1000], "rows": 1024, "lr": 1e-3,
-                          "checks": [{"bind_right": 0.7, "bind_other": 0.3, "refusal_auc": 0.7}]}],
-              "eval": {"old": True}}
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "training_log.json").write_text(json.dumps(before))  # the record --from-model copied in
-    p6 = {"phase": 6, "name": "p6.natural512", "block": "natural512", "steps": [0, 1800], "rows": 512, "lr": 1e-3,
-          "data": {"natural_tokens": 4644864, "facts": 31141, "questions": 21735, "never": 17258, "updates": 3871}}
-    (model / "config.json").write_text(json.dumps({"card": {"name": "default", "stages": [p6], "eval": {"new": True}}, "model": {}}))
-    _eval(tmp_path / "work")
-    out = update_card(model, tmp_path / "work", None)
-    log = json.loads((model / "training_log.json").read_text())
-    assert log["stages"] == before["stages"] + [p6] and log["eval"] == {"new": True}
-    assert out["curriculum_phase6"] == ("1800 steps of rows of 512: 4.64 M tokens of plain-speech dialogues (31141 details, 21735 "
-                                        "questions, 17258 never stated, 3871 updates) beside phase-5 rows, lr 0.001 (WSD)")
-    assert out["curriculum"] == "256x250" and "curriculum_phase5" in out  # the earlier phases' lines still come from the record

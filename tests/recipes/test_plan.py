@@ -17,7 +17,7 @@ import pytest
 from agent.runtime.checkpoint import load_model_dir
 from recipes.default_model.build import Build, main
 from recipes.default_model.corpus import Passage
-from recipes.default_model.plan import DRILL, NATURAL_TRIAL, PLAN, Chat, scaled
+from recipes.default_model.plan import DRILL, PLAN, Chat, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "agent" / "models" / "default"
@@ -96,25 +96,32 @@ def _digest(folder: Path) -> str:
     return d.hexdigest()
 
 
-def test_each_kind_of_stage_writes_the_same_data_for_the_same_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipes.default_model import build, data
+def stages_write_the_same_data_for_the_same_seed(build: type[Build], stages: tuple, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> int:
+    """Each kind of stage in `stages`, written twice per seed by `build`: the same data for a
+    seed, other data for another seed. Returns how many kinds there were."""
+    from recipes.default_model import build as build_module, data
 
     # Wide prose is the interpreter's and torch's docstrings; two passages stand in for it.
-    monkeypatch.setattr(build, "wide_text", lambda train: list(train))
+    monkeypatch.setattr(build_module, "wide_text", lambda train: list(train))
     monkeypatch.setattr(data, "wide_text", lambda train: list(train))
     lm = load_model_dir(DEFAULT)
     kinds = {}
-    for s in scaled(NATURAL_TRIAL, 1e-9):  # one step each; the plan and the phase 6 tried after it
+    for s in scaled(stages, 1e-9):  # one step each
         kinds.setdefault(s.name.split(".")[-1] if s.phase == 2 else s.name, s)  # phase 2's cycles differ by seed only
-    assert len(kinds) == 11 + 5 + 1 + 4 + 2
     for seed in (0, 1):
-        b = Build(Namespace(seed=seed, work=str(tmp_path), eval_trials=1), (), passages=PASSAGES * 3)
+        b = build(Namespace(seed=seed, work=str(tmp_path), eval_trials=1), (), passages=PASSAGES * 3)
         for key, s in kinds.items():
             b.data(s, tmp_path / f"{seed}a" / s.name, lm)
             b.data(s, tmp_path / f"{seed}b" / s.name, lm)
     for s in kinds.values():
         assert _digest(tmp_path / "0a" / s.name) == _digest(tmp_path / "0b" / s.name), s.name
         assert _digest(tmp_path / "0a" / s.name) != _digest(tmp_path / "1a" / s.name), s.name  # the seed matters
+    return len(kinds)
+
+
+def test_each_kind_of_stage_writes_the_same_data_for_the_same_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert stages_write_the_same_data_for_the_same_seed(Build, PLAN, tmp_path, monkeypatch) == 11 + 5 + 1 + 4
 
 
 def _imports(path: Path) -> set[str]:
@@ -127,9 +134,10 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def test_the_recipe_has_no_import_cycle_and_the_package_never_imports_it() -> None:
+def test_the_recipe_has_no_import_cycle_nor_experiment_and_the_package_never_imports_it() -> None:
     mods = {f"recipes.default_model.{p.stem}": p for p in (ROOT / "recipes" / "default_model").glob("*.py")}
     graph = {m: {i for i in _imports(p) if i in mods and i != m} for m, p in mods.items()}
+    assert not [m for m, p in mods.items() if any(i.startswith("recipes.experiments") for i in _imports(p))]
 
     def visit(m: str, path: tuple[str, ...]) -> None:
         assert m not in path, f"import cycle: {' -> '.join((*path, m))}"
@@ -146,10 +154,8 @@ def test_the_recipe_has_no_import_cycle_and_the_package_never_imports_it() -> No
     (["--stop-after-stage", "p4.bridge"], "--stop-after-stage: no stage 'p4.bridge' in the plan"),
     (["--steps-scale", "0"], "--steps-scale must be positive"),
     (["--eval-trials", "0"], "--eval-trials must be >= 1"),
-    (["--first-stage", "p3"], "--from-model and --first-stage go together"),
-    (["--first-stage", "p6.natural512"], "--first-stage: no stage 'p6.natural512' in the plan"),  # only with --stages natural
-    (["--from-model", "x", "--first-stage", "p1.drill1"], "--first-stage p1.drill1 continues the run before it"),
-    (["--from-model", "x", "--first-stage", "p9"], "--first-stage: no stage 'p9' in the plan"),
+    (["--stop-after-stage", "p6.natural512"], "--stop-after-stage: no stage 'p6.natural512' in the plan"),  # an experiment's
+    (["--from-model", "x"], "unrecognized arguments: --from-model"),  # recipes/experiments/phase6.py's flag
     ([], "the following arguments are required: --out"),
 ])
 def test_bad_build_arguments_fail_in_one_line_before_any_work(args, message, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

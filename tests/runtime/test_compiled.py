@@ -83,3 +83,34 @@ def test_inductor_matches_eager(model):
         l_c, s_c = runner.prefill(ids)
         l_e, s_e = EagerRunner(model, 32).prefill(ids)
     torch.testing.assert_close(l_c, l_e, rtol=1e-4, atol=1e-4)
+
+
+def test_window_model_keeps_static_shapes():
+    """The window mixer's shapes are fixed by S, W and the bucket: warm buckets never
+    recompile however far rows have read, and the compiled numbers are eager's."""
+    from tests.runtime.test_window import window_model
+
+    model = window_model(combine="softmax", chunk_size=16)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    runner = CompiledRunner(model, backend=counter, segment_len=64, batch_widths=(1, 2, 4))
+    runner.warm_up()
+    warmed = counter.frame_count
+    assert warmed == len(runner.batch_widths) + len(runner.segment_buckets)
+    eager = EagerRunner(model, segment_len=64)
+    rng = random.Random(1)
+    with torch.inference_mode():
+        state_c = state_e = None
+        for _ in range(6):
+            ids = [rng.randrange(64) for _ in range(rng.randint(1, 90))]
+            l_c, state_c = runner.prefill(ids, state_c)
+            l_e, state_e = eager.prefill(ids, state_e)
+            torch.testing.assert_close(l_c, l_e, rtol=1e-5, atol=1e-5)
+            w = rng.randint(1, 4)
+            runner.step(torch.randint(0, 64, (w,)), model.new_state(w))
+        tok = torch.tensor([5])
+        l_c, s_c = runner.step(tok, state_c)
+        l_e, s_e = eager.step(tok, state_e)
+    torch.testing.assert_close(l_c, l_e, rtol=1e-5, atol=1e-5)
+    assert s_c.max_abs_diff(s_e) < 1e-5 and int(s_c.pos) == int(s_e.pos) == state_e.n_tokens + 1
+    assert counter.frame_count == warmed

@@ -53,36 +53,31 @@ def test_chat_template_layout():
 
 def test_sampling_is_seeded_and_temperature_zero_is_greedy():
     logits = torch.randn(3, 50)
-    opts = SamplingOptions(temperature=1.0, top_k=10, top_p=0.9)
-    a = sample(logits, opts, make_generator(7))
-    b = sample(logits, opts, make_generator(7))
+    a = sample(logits, make_generator(7), temperature=1.0, top_k=10, top_p=0.9)
+    b = sample(logits, make_generator(7), temperature=1.0, top_k=10, top_p=0.9)
     assert torch.equal(a, b)
-    assert torch.equal(sample(logits, SamplingOptions(temperature=0), make_generator(1)), logits.argmax(-1))
+    assert torch.equal(sample(logits, make_generator(1), temperature=0), logits.argmax(-1))
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
     logits = torch.randn(4, 30)
     gen = make_generator(0)
-    assert torch.equal(sample(logits, SamplingOptions(temperature=2.0, top_k=1), gen), logits.argmax(-1))
-    assert torch.equal(sample(logits, SamplingOptions(temperature=2.0, top_p=1e-6), gen), logits.argmax(-1))
+    assert torch.equal(sample(logits, gen, temperature=2.0, top_k=1), logits.argmax(-1))
+    assert torch.equal(sample(logits, gen, temperature=2.0, top_p=1e-6), logits.argmax(-1))
 
 
 def test_repetition_penalty_demotes_seen_tokens():
     logits = torch.tensor([[5.0, 4.9, 0.0]])
     hist = torch.tensor([[0]])
-    out = sample(logits, SamplingOptions(temperature=0, repetition_penalty=2.0), make_generator(0), hist)
+    out = sample(logits, make_generator(0), temperature=0, repetition_penalty=2.0, history=hist)
     assert out.item() == 1
 
 
-def test_option_pairs_validate():
-    opts = SamplingOptions().with_pairs([("temperature", "0"), ("top-k", "5"), ("stop", "###")])
-    assert opts.temperature == 0 and opts.top_k == 5 and opts.stop == ("###",)
-    with pytest.raises(ValueError, match="unknown sampling option"):
-        SamplingOptions().with_pairs([("temp", "1")])
-    with pytest.raises(ValueError, match="needs a number"):
-        SamplingOptions().with_pairs([("top_p", "high")])
+def test_sampling_options_validate():
     with pytest.raises(ValueError, match="top_p"):
-        SamplingOptions().with_pairs([("top_p", "2")])
+        SamplingOptions(top_p=2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingOptions(temperature=-1.0)
 
 
 def _generate(lm, runner, opts, cancel_after=None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +121,46 @@ def test_unknown_model_name_lists_known(tmp_path):
         load_model("no-such-model", models_dir=tmp_path)
     with pytest.raises(ModelLoadError, match="has no weights"):
         load_model("laplace-3b")
+
+
+# ---- named tensors: old blobs still load; a window model's state round-trips ------------
+
+V1_BLOB = Path(__file__).parent / "data" / "state_v1_tiny.laplace-state"
+
+
+def test_a_version_1_blob_written_before_named_tensors_still_loads():
+    """tests/runtime/data/state_v1_tiny.laplace-state was written by the gla/conv-only code
+    (the tiny preset after 40 tokens); it loads, matches a recomputation, and re-serializes
+    to the very same bytes (so stored sessions keep their checksums)."""
+    lm = load_model("tiny")
+    blob = V1_BLOB.read_bytes()
+    state = RecurrentState.from_bytes(blob, config=lm.config, fingerprint=lm.fingerprint)
+    assert state.names == ["gla", "conv"] and state.n_tokens == 40
+    assert read_state_metadata(blob)["format_version"] == "1"
+    _, fresh = lm.model(torch.arange(40).view(1, 40) * 5 % 250)
+    torch.testing.assert_close(state.gla, fresh.gla, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state.conv, fresh.conv, rtol=1e-5, atol=1e-6)
+    again = state.to_bytes(fingerprint=lm.fingerprint, extra={"kind": "v1-fixture"}, architecture=lm.config.architecture())
+    assert again == blob
+
+
+def test_window_state_round_trips_with_its_positions():
+    from tests.runtime.test_window import window_model
+
+    model = window_model()
+    _, state = model(torch.randint(0, 64, (2, 20)))
+    blob = state.to_bytes(fingerprint="fp", architecture=model.config.architecture())
+    meta = read_state_metadata(blob)
+    assert meta["format_version"] == "2" and meta["layout"].startswith("win_k[2,2,2,10,8]+win_v[2,2,2,10,8]+gla[")
+    back = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
+    assert back.names == state.names and back.pos.dtype == torch.int64 and back.pos.tolist() == [[20, 20]]
+    assert all(torch.equal(back.tensors[n], state.tensors[n]) for n in state.names)
+    assert back.to_bytes(fingerprint="fp", architecture=model.config.architecture()) == blob
+    with pytest.raises(StateModelMismatchError, match="written by a window"):
+        RecurrentState.from_bytes(blob, config=model.config.replace(window=8))
+    with pytest.raises(StateModelMismatchError, match="does not fit"):  # a blob without the architecture: the shapes decide
+        RecurrentState.from_bytes(state.to_bytes(fingerprint="fp"), config=PRESETS["tiny"])
+    bad = bytearray(blob)
+    bad[-3] ^= 0x01  # inside pos, the last tensor written
+    with pytest.raises(StateCorruptError, match="checksum"):
+        RecurrentState.from_bytes(bytes(bad))

@@ -50,11 +50,11 @@ def tokens_of(text: str) -> list[int]:
 def converse(store: SessionStore, session: object, text: str, reply: str | None = None,
              size: int = 4096) -> Turn:
     """One user + assistant exchange committed with its state, as the chat service would."""
-    store.begin_turn(session, role="user", content=text, token_ids=tokens_of(text))
-    a = store.begin_turn(session, role="assistant")
+    store.turns.begin_turn(session, role="user", content=text, token_ids=tokens_of(text))
+    a = store.turns.begin_turn(session, role="assistant")
     reply = reply if reply is not None else f"re: {text}"
-    store.update_streaming(a.id, reply[: len(reply) // 2])
+    store.turns.update_streaming(a.id, reply[: len(reply) // 2])
     ids = tokens_of(reply)
-    expected = chain_hash(store.get_turn(a.parent_id).stream_hash, ids)
-    return store.commit_turn(a.id, content=reply, token_ids=ids, state=fake_state(expected, size),
+    expected = chain_hash(store.tree.get_turn(a.parent_id).stream_hash, ids)
+    return store.turns.commit_turn(a.id, content=reply, token_ids=ids, state=fake_state(expected, size),
                              state_meta=meta())

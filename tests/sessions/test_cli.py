@@ -8,30 +8,27 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from agent.cli import sessions as cli_sessions
+from agent.cli import app
 from agent.settings import Settings
 from sessions import SessionStore
 
 from .conftest import converse, tokens_of
 
-root = typer.Typer()
-root.add_typer(cli_sessions.app, name="sessions")
 runner = CliRunner()
 
 
 def run(*args: str, input: str | None = None):
-    return runner.invoke(root, ["sessions", *args], input=input)
+    return runner.invoke(app, ["sessions", *args], input=input)
 
 
 @pytest.fixture
 def two_sessions() -> list[str]:
     with SessionStore.open(Settings.from_env().db_path) as store:
-        a = store.create_session(model_id="tiny", system_token_ids=tokens_of("s"), name="alpha")
+        a = store.turns.create_session(model_id="tiny", system_token_ids=tokens_of("s"), name="alpha")
         converse(store, a.id, "the quick brown fox", size=29_491)
-        b = store.create_session(model_id="tiny", name="beta")
+        b = store.turns.create_session(model_id="tiny", name="beta")
         return [a.uid, b.uid]
 
 

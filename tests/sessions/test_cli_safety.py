@@ -9,24 +9,22 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
+from agent.cli import app
 from agent.cli import sessions as cli_sessions
 from agent.settings import Settings
 from sessions import SessionStore
 
 from .conftest import converse, tokens_of
 
-root = typer.Typer()
-root.add_typer(cli_sessions.app, name="sessions")
 runner = CliRunner()
 COMMANDS = [["list"], ["show", "abc"], ["search", "fox"]]
 RAW_CONTROLS = ("\x1b", "\x07", "\x9b", "\x9d")
 
 
 def run(*args: str):
-    return runner.invoke(root, ["sessions", *args])
+    return runner.invoke(app, ["sessions", *args])
 
 
 def assert_one_error_line(res, *words: str) -> None:
@@ -58,6 +56,46 @@ def test_database_that_is_not_a_database(cmd: list[str], laplace_home: Path) -> 
     laplace_home.mkdir(mode=0o700)
     (laplace_home / "laplace.db").write_bytes(b"this is not sqlite" * 100)
     assert_one_error_line(run(*cmd), "not a usable laplace database", "move it aside")
+
+
+def _foreign_db(path: Path) -> bytes:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.execute("INSERT INTO notes (body) VALUES ('mine')")
+    conn.commit()
+    conn.close()
+    os.chmod(path, 0o644)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c[0])
+def test_a_foreign_sqlite_database_is_refused_and_left_as_it_was(cmd: list[str], laplace_home: Path) -> None:
+    laplace_home.mkdir(mode=0o700)
+    db = laplace_home / "laplace.db"
+    before = _foreign_db(db)
+    assert_one_error_line(run(*cmd), str(db), "another program", "notes", "move it aside")
+    assert db.read_bytes() == before and db.stat().st_mode & 0o777 == 0o644  # not a byte or a bit changed
+    assert sorted(p.name for p in laplace_home.iterdir()) == ["laplace.db"]  # no -wal, no backup
+    with pytest.raises(Exception, match="another program"):
+        SessionStore.open(db, readonly=True)
+
+
+def test_an_empty_file_or_a_laplace_database_is_fine(laplace_home: Path) -> None:
+    laplace_home.mkdir(mode=0o700)
+    (laplace_home / "laplace.db").write_bytes(b"")
+    assert run("list").exit_code == 0
+    assert run("list").exit_code == 0  # and again, now that it is laplace's
+
+
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_laplace_home_is_an_error_not_the_default(value: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a blank value must not become a directory named "  " here either
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # where the default would be
+    monkeypatch.setenv("LAPLACE_HOME", value)
+    assert_one_error_line(run("list"), "LAPLACE_HOME is set but empty", "unset it", str(tmp_path / "xdg"))
+    assert_one_error_line(runner.invoke(app, ["ask", "-m", "tiny", "hi"]), "LAPLACE_HOME is set but empty")
+    assert list(tmp_path.iterdir()) == []  # neither the default home nor a directory named "  "
 
 
 def test_home_not_creatable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +158,7 @@ EVIL_TEXT = "text [/] with [bold]markup[/bold] \x1b[2J and \x9b2J fox \x9d0;titl
 @pytest.fixture
 def evil_session() -> str:
     with SessionStore.open(Settings.from_env().db_path) as store:
-        s = store.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
+        s = store.turns.create_session(model_id="tiny\x1b[2J", system_token_ids=tokens_of("s"), name=EVIL_NAME)
         converse(store, s.id, EVIL_TEXT, reply="re \x1b]52;c;QQ==\x07 [/]")
         return s.uid
 
@@ -170,7 +208,6 @@ def test_markdown_export_to_a_pipe_is_exact(evil_session: str) -> None:
     ("not-a-db", ("not a usable laplace database", "move it aside")),
 ], ids=["home-is-a-file", "not-a-database"])
 def test_ask_shares_the_same_errors(setup: str, words: tuple[str, ...], laplace_home: Path) -> None:
-    from agent.cli import app
 
     if setup == "file":
         laplace_home.parent.mkdir(parents=True, exist_ok=True)

@@ -45,11 +45,11 @@ def test_upgrade_from_every_earlier_version(db_path: Path, version: int) -> None
     _seed_old_schema(db_path, version)
     with SessionStore.open(db_path) as store:
         assert schema_version(store.db) == SCHEMA_VERSION
-        s = store.get_session("ab12")
-        assert s.keep_snapshots == 2 and [t.content for t in store.tail(s.id)] == ["", "ancient aardvark"]
-        assert store.search("aardvark")[0].turn_id == 2  # FTS built over pre-existing rows
+        s = store.core.get_session("ab12")
+        assert s.keep_snapshots == 2 and [t.content for t in store.tree.tail(s.id)] == ["", "ancient aardvark"]
+        assert store.browse.search("aardvark")[0].turn_id == 2  # FTS built over pre-existing rows
         converse(store, s.id, "new turn after upgrade")
-        assert store.resume(s.id, expected_fingerprint=FINGERPRINT).snapshot is not None
+        assert store.states.resume(s.id, expected_fingerprint=FINGERPRINT).snapshot is not None
     backup = db_path.with_name(f"{db_path.name}.bak-{version}")
     assert backup.exists() and backup.stat().st_mode & 0o777 == 0o600
     old = sqlite3.connect(backup)
@@ -83,4 +83,4 @@ def test_failed_migration_rolls_back_and_is_retried(db_path: Path, monkeypatch: 
     monkeypatch.undo()
     with SessionStore.open(db_path) as store:
         assert schema_version(store.db) == SCHEMA_VERSION
-        assert store.get_session("ab12").name == "old"
+        assert store.core.get_session("ab12").name == "old"

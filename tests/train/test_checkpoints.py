@@ -11,9 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import typer
 
-from agent.cli.finetune import finetune_command
+from agent.cli import app
 from agent.runtime.checkpoint import load_model
 from agent.train import checkpoint as ckpt
 from agent.train.checkpoint import ResumeError
@@ -114,9 +113,6 @@ def test_stop_after_must_be_later_than_the_resumed_step(tmp_path: Path, text_dir
 
 
 runner = CliRunner()
-app = typer.Typer()
-app.command("finetune")(finetune_command)
-app.command("other")(lambda: None)
 BASE = ["-m", "tiny", "--seq-len", "32", "--batch-tokens", "128", "--lr", "3e-3", "--warmup", "1", "--steps", "6"]
 
 

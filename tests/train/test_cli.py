@@ -9,18 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import typer
 
-from agent.cli.finetune import finetune_command
+from agent.cli import app
 from agent.runtime.checkpoint import load_model, save_model_dir
 from agent.settings import Settings
 from agent.train.__main__ import config_to_argv, parse_config
 from agent.train.config import TrainConfig
 
 runner = CliRunner()
-app = typer.Typer()
-app.command("finetune")(finetune_command)
-app.command("other")(lambda: None)  # two commands: "finetune" is a subcommand, as under `laplace`
 BASE = ["-m", "tiny", "--seq-len", "32", "--batch-tokens", "64", "--lr", "3e-3"]
 
 
@@ -38,7 +34,7 @@ def test_finetune_saves_a_model_and_records_the_run(tmp_path: Path, text_dir: Pa
     from sessions.store import SessionStore
 
     with SessionStore.open(Settings.from_env().db_path) as store:
-        runs = store.list_finetune_runs()
+        runs = store.browse.list_finetune_runs()
     assert len(runs) == 1 and runs[0].payload["steps"] == 3 and runs[0].kind == "finetune-all"
 
 

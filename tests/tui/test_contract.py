@@ -29,13 +29,12 @@ def _real(tmp_path: Path) -> Iterator[ChatServiceProtocol]:
     from agent.chat.service import ChatService
     from agent.runtime.checkpoint import load_model
     from agent.runtime.generation import EagerRunner
-    from agent.runtime.sampling import SamplingOptions
     from sessions import SessionStore
 
     lm = load_model("tiny")
     store = SessionStore.open(tmp_path / "laplace.db")
     service = ChatService(store, lm, model_id="tiny", runner=EagerRunner(lm.model, segment_len=32),
-                          options=SamplingOptions(temperature=0.8, seed=1, max_new_tokens=6))
+                          options={"temperature": 0.8, "seed": 1, "max_new_tokens": 6})
     try:
         yield service
     finally:

@@ -13,7 +13,6 @@ from agent.tui import known_binding_ids
 from agent.tui.chat.messages import code_blocks, header_text, is_unread
 from agent.tui.keymap import validate_keymap
 from agent.tui.status import format_status
-from agent.units import human_bytes
 
 
 def test_status_line_has_every_number() -> None:
@@ -26,12 +25,6 @@ def test_status_line_has_every_number() -> None:
         assert part in line
     assert "tok/s" not in format_status(StatusView("m", "cpu", None, "", 0, 0, 0))
     assert format_status(None) == "no session"
-
-
-def test_human_bytes() -> None:
-    assert human_bytes(999) == "999 B"
-    assert human_bytes(29_500_000) == "29.5 MB"
-    assert human_bytes(1_500) == "1.5 kB"
 
 
 def test_code_blocks_in_order_and_unclosed_tail() -> None:
@@ -66,7 +59,7 @@ def test_keymap_validation() -> None:
 
 
 def test_tui_imports_no_runtime_torch_or_store() -> None:
-    code = ("import sys, agent.tui, agent.bench.tui, agent.tui.fake_service; "
+    code = ("import sys, agent.tui, agent.tui.factory; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sqlite_utils', 'sessions') "
             "or m.startswith('agent.runtime') or m == 'agent.chat.service']; print(bad); assert not bad")
     subprocess.run([sys.executable, "-c", code], check=True)

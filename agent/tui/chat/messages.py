@@ -23,7 +23,7 @@ from textual.message import Message
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
-from agent.textsafe import displayable
+from agent.display import displayable
 from agent.chat.types import TurnView
 
 # Rendering a megabyte of text into the transcript would stall layout; the full content is

@@ -1,0 +1,75 @@
+"""The recall horizon: how many tokens after a detail the state has likely let it fade.
+
+Turns that ended further back than the horizon are the ones recall refresh may read again
+(agent/recall/rule.py). The number comes from the model card's measured recall when the card
+records one, else from the heads' half-lives. Chat and the probes ask the same function, so
+a probe measures refresh at the horizon chat uses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from agent.recall.decays import capture_decays, half_lives, resting_half_lives, round6
+from agent.recall.smalltalk import chat_ids
+from agent.runtime.checkpoint import LoadedModel
+
+RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
+MEASURE_TOKENS = 512  # small talk read to measure an input-driven mixer's decays
+
+
+def horizon_from_card(card: dict) -> int | None:
+    """The recall horizon a model card records: `recall_horizon` if given, else the largest
+    measured distance up to which held-out recall of a planted detail stays >= 0.9
+    (`heldout_recall_5digit`, "distance:accuracy ..."). None when the card has neither."""
+    explicit = card.get("recall_horizon")
+    if isinstance(explicit, (int, float)) and explicit > 0:
+        return int(explicit)
+    raw = card.get("heldout_recall_5digit")
+    if not isinstance(raw, str):
+        return None
+    points = []
+    for item in raw.split():
+        d, _, acc = item.partition(":")
+        try:
+            points.append((int(d), float(acc)))
+        except ValueError:
+            return None
+    good = None
+    for d, acc in sorted(points):
+        if acc < RECALL_FLOOR:
+            break
+        good = d
+    return good
+
+
+def model_half_lives(lm: LoadedModel) -> tuple[list[list[float]], str]:
+    """Half-life per layer and head, and where it comes from. The Laplace mixer's are read
+    off its gates at rest (no tokens needed). A Mamba-2 mixer's decays are set by its input
+    (at rest a Llamba head halves every token, which says nothing), so they are measured
+    while the model reads 512 tokens of small talk (the probes' chat filler)."""
+    if lm.config.mixer == "gla":
+        return resting_half_lives(lm.model), "gate bias at rest"
+    ids = chat_ids(lambda role, text: lm.template.message(lm.tokenizer, role, text), MEASURE_TOKENS, random.Random(0))
+    with capture_decays(lm.model) as rec, torch.inference_mode():
+        lm.model(torch.tensor([ids], device=lm.model.embed.weight.device))
+    _, half = half_lives(rec.take()[:, 0])
+    return [[round6(x) for x in row] for row in half.tolist()], "decays measured on 512 tokens of chat filler"
+
+
+def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
+    """Tokens after which a planted detail has likely faded from the state, and where the
+    number comes from: the model card's measured recall when it records one
+    (`horizon_from_card`), else half the slowest head's half-life from `model_half_lives`
+    (that head then still keeps about 70% of a write; measured exact recall of a detail
+    fades well before the slowest head does: the default model's card says 0.85 at 1,024
+    tokens where its slowest head's half-life is about 1,500)."""
+    measured = horizon_from_card(lm.card)
+    if measured is not None:
+        return measured, "model card (held-out recall >= 0.9)"
+    half, basis = model_half_lives(lm)
+    slowest = max((x for row in half for x in row if math.isfinite(x)), default=0.0)
+    return int(slowest / 2), f"half the slowest head's half-life ({basis})"

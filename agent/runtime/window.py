@@ -1,0 +1,365 @@
+"""The window mixer: a Llama teacher's attention kept over a fixed window, plus a
+Simple-GLA branch over the keys that have left it (LoLCATs-style). Math only.
+
+Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
+
+- Softmax attention of the query at absolute position t over S sink keys (positions < S)
+  and the last W keys (positions (t - W, t], those >= S). Up to S + W tokens that is every
+  key: the teacher exactly.
+- Positions (StreamingLLM's in-cache positions). Keys are stored un-rotated. A window key
+  at distance d from the query gets RoPE distance d (true); a sink key i is placed right
+  before the window: distance min(t, S + W - 1) - i. The window's angles are taken relative
+  to off = max(0, t0 - W) for a segment starting at t0, so every angle stays below
+  (S + W + T) whatever the session's length: fp32 never sees a huge position.
+- State: a ring of S + W slots per kv head (`win_k`, `win_v`): key p < S sits in slot p,
+  key p >= S in slot S + (p - S) mod W. Slots that hold no key yet are zero, so a state's
+  bytes depend only on the tokens read, not on how they were split into calls.
+- The GLA branch (optional): the key/value at position p >= S enters the branch's state
+  when it leaves the window, at step t = p + W, so it is the standard Simple GLA over the
+  stream shifted by W:  S_t = exp(g_t) S_(t-1) + phi(k_(t-W)) [v_(t-W), 1]^T,
+  o_t = phi(q_t) S_t, whose first W inputs of each call come from the ring. phi is a
+  feature map of the un-rotated q and k (position-free: the decay carries recency); the
+  appended ones column makes the last column of o the normaliser z. g_t is a per-head
+  data-dependent decay of the current token (logsigmoid(w x + b) / normalizer, biases from
+  a half-life schedule), k and v are expanded from the G kv heads to the H query heads.
+- Combine: "softmax" (LoLCATs, one normalisation):
+      y = (sum_win e^(s - m) v + beta phi(q) S) / (sum_win e^(s - m) + beta phi(q) z)
+  with beta = exp(log_beta) per head; "gated":
+      y = softmax_win(s) v + gate * phi(q) S / (phi(q) z + eps), gate per head starting at 0.
+  With the branch off (or its gate at 0) the layer is the window-only teacher exactly.
+
+`window_attention` is the fast path (banded blocks over static shapes: S, W and the call's
+T fix every shape; the ring is read in place, never reordered); `hybrid_attention_naive`
+the slow per-query reference from the definition above; `naive_forward` runs a whole
+model through the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from agent.runtime.config import LaplaceConfig
+from agent.runtime.layers import run_gla
+
+GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
+LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
+
+
+# ---- rotary positions: Hugging Face Llama's rotate-half form --------------------------
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate x [..., N, D] to positions [..., N] (broadcast against x's leading dims), as
+    the teacher does: inverse frequencies in fp32, angles and the rotation in x's dtype."""
+    D = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64, device=x.device).float() / D))
+    ang = positions.to(x.dtype)[..., None] * inv.to(x.dtype)
+    emb = torch.cat([ang, ang], dim=-1)
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+
+
+# ---- the fast path ---------------------------------------------------------------------
+
+
+def window_attention(
+    q: Tensor, k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
+    *, window: int, sinks: int, theta: float, block: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Softmax attention over sinks + window, and the ring update.
+
+    q [B, T, H, D]; k, v [B, T, G, D] un-rotated; win_k, win_v [B, G, S + W, D]; pos [B]
+    int64: tokens each row read before this call; lengths [B]: real tokens per row (the
+    rest is padding and writes nothing), or None.
+
+    Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
+    relative to each query's max score; new win_k, new win_v; evicted ev_k, ev_v
+    [B, T, G, D]: the key/value that leaves the window at each step, and ev_ok [B, T]:
+    whether there is one (its position is >= S and the step is real)).
+
+    The ring is read where it lies: ring slot s holds position t0 - W + ((s - t0 + S) mod W),
+    so no step reorders it (a decode step gathers one evicted slot and scatters one key)."""
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    R, S, W = H // G, sinks, window
+    dev = q.device
+    n = lengths if lengths is not None else torch.full((B,), T, dtype=torch.long, device=dev)
+    t0 = pos.to(torch.long)
+    kn, vn = k.transpose(1, 2), v.transpose(1, 2)  # [B, G, T, D]
+    it = torch.arange(T, device=dev)
+    new_pos = t0[:, None] + it[None, :]  # [B, T]
+    # The state after the call: token i (real) goes to sink slot p < S, or to ring slot
+    # S + (p - S) mod W if it is among the row's last W real tokens; anything else to a spare
+    # slot that is cut off. Distinct tokens never share a kept slot.
+    real = it[None, :] < n[:, None]
+    to_ring = real & (new_pos >= S) & (it[None, :] >= n[:, None] - W)
+    slot = torch.where(new_pos < S, new_pos, S + torch.remainder(new_pos - S, W))
+    slot = torch.where(real & ((new_pos < S) | to_ring), slot, S + W)[:, None, :, None].expand(B, G, T, D)
+    spare = win_k.new_zeros(B, G, 1, D)
+    out_k = torch.cat([win_k, spare], 2).scatter_(2, slot, kn)[:, :, : S + W]
+    out_v = torch.cat([win_v, spare], 2).scatter_(2, slot, vn)[:, :, : S + W]
+    # Rotations: window angles relative to off; sinks at their own positions, the query for
+    # them at min(t, S + W - 1). The sinks attended are the updated ones; the ring the old one.
+    js = torch.arange(S, device=dev)
+    jw = torch.arange(W, device=dev)
+    ring_pos = t0[:, None] - W + torch.remainder(jw[None, :] - t0[:, None] + S, W)  # [B, W], all < t0
+    off = (t0 - W).clamp(min=0)
+    ring_rot = rope(win_k[:, :, S:], (ring_pos - off[:, None])[:, None, :], theta)
+    new_rot = rope(kn, (new_pos - off[:, None])[:, None, :], theta)
+    sink_rot = rope(out_k[:, :, :S], js[None, None, :], theta)
+    qh = q.transpose(1, 2).reshape(B, G, R, T, D) * D**-0.5
+    q_win = rope(qh, (new_pos - off[:, None])[:, None, None, :], theta)
+    q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
+    nums, dens = [], []
+    for i0 in range(0, T, block):  # static shapes: a compiler unrolls this
+        i1 = min(i0 + block, T)
+        i = it[i0:i1, None]
+        tq = new_pos[:, i0:i1, None]  # [B, c, 1]
+        parts = []  # (scores, values) of each key set
+        if S:
+            ok = js[None, None, :] <= tq  # [B, c, S]
+            parts.append((q_sink[..., i0:i1, :] @ sink_rot[:, :, None].transpose(-1, -2), ok, out_v[:, :, None, :S]))
+        if i0 < W:  # a query i < W still sees part of the ring
+            ok = (ring_pos[:, None, :] > tq - W) & (ring_pos[:, None, :] >= S)  # [B, c, W]
+            parts.append((q_win[..., i0:i1, :] @ ring_rot[:, :, None].transpose(-1, -2), ok, win_v[:, :, None, S:]))
+        j0 = max(0, i0 - W + 1)  # the call's keys j any query of the block sees: i - W < j <= i
+        j = it[None, j0:i1]
+        ok = (j <= i) & (j > i - W) & (new_pos[:, None, j0:i1] >= S)  # [B, c, i1 - j0]
+        parts.append((q_win[..., i0:i1, :] @ new_rot[:, :, None, j0:i1].transpose(-1, -2), ok, vn[:, :, None, j0:i1]))
+        scores = [s.masked_fill(~ok[:, None, None], float("-inf")) for s, ok, _ in parts]
+        # Every query sees at least one key (itself, or sink 0 while t < S): m is finite.
+        m = torch.stack([s.amax(-1) for s in scores]).amax(0)[..., None]
+        probs = [(s - m).exp() for s in scores]
+        nums.append(sum(p @ val for p, (_, _, val) in zip(probs, parts)))
+        dens.append(sum(p.sum(-1) for p in probs))
+    num = torch.cat(nums, dim=3).reshape(B, H, T, D).transpose(1, 2)
+    den = torch.cat(dens, dim=3).reshape(B, H, T).transpose(1, 2)
+    # Step i evicts position t0 - W + i: an old ring entry for i < W, the call's token i - W after.
+    e = min(T, W)
+    ev_slot = (S + torch.remainder(t0[:, None] + it[None, :e] - S, W))[:, None, :, None].expand(B, G, e, D)
+    ev_k = torch.cat([win_k.gather(2, ev_slot), kn[:, :, : T - e]], 2).transpose(1, 2)
+    ev_v = torch.cat([win_v.gather(2, ev_slot), vn[:, :, : T - e]], 2).transpose(1, 2)
+    ev_ok = (new_pos - W >= S) & real
+    return num, den, out_k, out_v, ev_k, ev_v, ev_ok
+
+
+def combine(num: Tensor, den: Tensor, gnum: Tensor | None, gden: Tensor | None, mix: Tensor | None, mode: str) -> Tensor:
+    """y [B, T, H, D] from the window's (num, den) and the branch's (gnum, gden) with the
+    per-head `mix` (log beta for "softmax", the gate for "gated"); no branch: num / den."""
+    if gnum is None or gden is None or mix is None:
+        return num / den[..., None]
+    if mode == "softmax":
+        beta = mix.exp()[:, None]
+        return (num + beta * gnum) / (den + beta[:, 0] * gden)[..., None]
+    return num / den[..., None] + mix[:, None] * gnum / (gden + GATED_EPS)[..., None]
+
+
+def feature_map(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
+    """phi(x) per head: x [B, T, H, D] -> [B, T, H, F'] (non-negative).
+    hedgehog: softmax(x W_h) ++ softmax(-x W_h); elu: elu(x) + 1."""
+    if kind == "elu":
+        return F.elu(x.float()) + 1.0
+    assert weight is not None
+    z = torch.einsum("bthd,hdf->bthf", x.float(), weight.float())
+    return torch.cat([z.softmax(-1), (-z).softmax(-1)], dim=-1)
+
+
+# ---- the slow reference -----------------------------------------------------------------
+
+
+def hybrid_attention_naive(
+    q: Tensor, k: Tensor, v: Tensor, *, window: int, sinks: int, theta: float,
+    phi_q: Tensor | None = None, phi_k: Tensor | None = None, g: Tensor | None = None,
+    mix: Tensor | None = None, mode: str = "softmax",
+) -> Tensor:
+    """The layer's attention from its definition, one query at a time over the whole
+    history from position 0, in float64 (no ring, no blocks, no offsets).
+
+    q [B, T, H, D]; k, v [B, T, G, D] un-rotated; for the branch: phi_q, phi_k [B, T, H, F]
+    (phi_k of each position's key as query head h sees it), g [B, T, H], mix [H].
+    Returns y [B, T, H, D] in v's dtype."""
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    R, S, W = H // G, sinks, window
+    qd, kd, vd = q.double(), k.double().repeat_interleave(R, 2), v.double().repeat_interleave(R, 2)  # [B, T, H, D]
+    branch = phi_q is not None and phi_k is not None and g is not None and mix is not None
+    if branch:
+        scale = phi_q.shape[-1] ** -0.5  # the GLA kernel's own scale
+        gc = torch.cat([g.double().new_zeros(B, 1, H), g.double().cumsum(1)], 1)  # gc[t + 1] = g_0 + ... + g_t
+    outs = []
+    for t in range(T):
+        sink = list(range(min(S, t + 1)))
+        win = list(range(max(S, t - W + 1), t + 1))
+        pos_k = torch.tensor(sink + win, dtype=torch.float64)
+        keys = rope(kd[:, sink + win].transpose(1, 2), pos_k, theta)  # [B, H, N, D]
+        q_at = torch.tensor([min(t, S + W - 1)] * len(sink) + [t] * len(win), dtype=torch.float64)
+        qs = rope(qd[:, t, :, None, :].expand(B, H, len(pos_k), D), q_at, theta)  # the query as each key sees it
+        s = (qs * keys).sum(-1) / math.sqrt(D)  # [B, H, N]
+        w = (s - s.amax(-1, keepdim=True)).exp()
+        num = torch.einsum("bhn,bnhd->bhd", w, vd[:, sink + win])
+        den = w.sum(-1)
+        gnum = gden = None
+        if branch:
+            ev = list(range(S, t - W + 1))
+            gnum, gden = num.new_zeros(B, H, D), den.new_zeros(B, H)
+            if ev:
+                decay = (gc[:, t + 1, None] - gc[:, [p + W + 1 for p in ev]]).exp()  # [B, E, H]: steps p + W + 1 .. t
+                a = torch.einsum("bhf,behf->beh", phi_q[:, t].double() * scale, phi_k[:, ev].double()) * decay
+                gnum = torch.einsum("beh,behd->bhd", a, vd[:, ev])
+                gden = a.sum(1)
+        outs.append(combine(num[:, None], den[:, None], None if gnum is None else gnum[:, None],
+                            None if gden is None else gden[:, None], mix.double() if branch else None, mode))
+    return torch.cat(outs, 1).to(v.dtype)
+
+
+# ---- the module ------------------------------------------------------------------------
+
+
+class GLABranch(nn.Module):
+    """The branch's parameters, all under `attn.gla_branch.*`, so a trainer can train them
+    alone and a small file of them can be loaded over the teacher's weights:
+    q_map, k_map [H, D, F] (hedgehog), decay_weight [H, d_model], decay_bias [H], and
+    log_beta [H] ("softmax" combine) or gate [H] ("gated")."""
+
+    def __init__(self, config: LaplaceConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        H, D = c.n_heads, c.head_k_dim
+        if c.feature_map == "hedgehog":
+            self.q_map = nn.Parameter(torch.empty(H, D, c.feature_dim or D))
+            self.k_map = nn.Parameter(torch.empty(H, D, c.feature_dim or D))
+        else:
+            self.q_map = self.k_map = None
+        self.decay_weight = nn.Parameter(torch.empty(H, c.d_model))
+        self.decay_bias = nn.Parameter(torch.empty(H))
+        if c.combine == "softmax":
+            self.log_beta = nn.Parameter(torch.empty(H))
+        else:
+            self.gate = nn.Parameter(torch.empty(H))
+
+    @property
+    def mix(self) -> Tensor:
+        return self.log_beta if self.config.combine == "softmax" else self.gate
+
+    def log_decay(self, x: Tensor) -> Tensor:
+        """g = logsigmoid(w x + b) / normalizer per head: [B, T, d_model] -> [B, T, H] fp32."""
+        pre = x.float() @ self.decay_weight.float().t() + self.decay_bias.float()
+        return F.logsigmoid(pre) / self.config.gate_normalizer
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Identity feature maps, zero decay weights with the half-life schedule's biases,
+        and the branch (almost) off: gate 0, or beta = exp(LOG_BETA_INIT)."""
+        c = self.config
+        for m in (self.q_map, self.k_map):
+            if m is not None:
+                m.copy_(torch.eye(m.shape[1], m.shape[2]).expand_as(m))
+        self.decay_weight.zero_()
+        self.decay_bias.copy_(torch.tensor(c.gate_biases()))
+        if c.combine == "softmax":
+            self.log_beta.fill_(LOG_BETA_INIT)
+        else:
+            self.gate.zero_()
+
+
+class WindowAttention(nn.Module):
+    """The teacher's q, k, v, o around `window_attention`, plus the optional GLA branch.
+    State in and out: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1], pos [B]."""
+
+    def __init__(self, config: LaplaceConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        kv = c.kv_heads * c.head_k_dim
+        self.q_proj = nn.Linear(c.d_model, c.key_dim, bias=False)
+        self.k_proj = nn.Linear(c.d_model, kv, bias=False)
+        self.v_proj = nn.Linear(c.d_model, kv, bias=False)
+        self.o_proj = nn.Linear(c.value_dim, c.d_model, bias=False)
+        self.gla_branch = GLABranch(c) if c.gla_branch else None
+        self.decay_tap = nn.Identity()  # the branch's g passes through it, so probes can hook the decays
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, c.n_heads, c.head_k_dim).float()
+        k = self.k_proj(x).view(B, T, c.kv_heads, c.head_k_dim).float()
+        v = self.v_proj(x).view(B, T, c.kv_heads, c.head_v_dim).float()
+        return q, k, v
+
+    def resting_log_decay(self) -> Tensor:
+        """The branch's g per head with the input term left out: [H] (empty without it)."""
+        if self.gla_branch is None:
+            return self.q_proj.weight.new_zeros(0)
+        return F.logsigmoid(self.gla_branch.decay_bias.detach().float()) / self.config.gate_normalizer
+
+    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self.config
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x)
+        num, den, win_k, win_v, ev_k, ev_v, ev_ok = window_attention(
+            q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
+            theta=c.rope_theta, block=c.chunk_size)
+        out = {"win_k": win_k, "win_v": win_v}
+        if self.gla_branch is None:
+            y = combine(num, den, None, None, None, c.combine)
+        else:
+            y, out["gla"] = self.branch(x, q, num, den, ev_k, ev_v, ev_ok, lengths, layer["gla"])
+        return self.o_proj(y.reshape(B, T, c.value_dim).to(x.dtype)), out
+
+    def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
+               lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
+        """The GLA branch over the evicted keys, combined with the window's (num, den):
+        (y [B, T, H, D], new gla state [B, H, F, D + 1]). A trainer of the branch alone can
+        call it with the window's part computed once."""
+        c, br = self.config, self.gla_branch
+        assert br is not None
+        B, T = q.shape[:2]
+        R = c.n_heads // c.kv_heads
+        phi_q = feature_map(q, br.q_map, c.feature_map)
+        phi_k = feature_map(ev_k.repeat_interleave(R, 2), br.k_map, c.feature_map)
+        phi_k = torch.where(ev_ok[:, :, None, None], phi_k, 0.0)  # nothing leaves the window: nothing is written
+        v_aug = torch.cat([ev_v.repeat_interleave(R, 2), ev_v.new_ones(B, T, c.n_heads, 1)], dim=-1)
+        real = torch.ones(B, T, dtype=torch.bool, device=q.device) if lengths is None else (
+            torch.arange(T, device=q.device)[None, :] < lengths[:, None])
+        g = torch.where(real[:, :, None], self.decay_tap(br.log_decay(x)), 0.0)  # padding decays nothing
+        o, gla_state = run_gla(c, phi_q, phi_k, v_aug, g, gla_state)
+        return combine(num, den, o[..., : c.head_v_dim], o[..., c.head_v_dim], br.mix.float(), c.combine), gla_state
+
+    def reference(self, x: Tensor) -> Tensor:
+        """The layer over a whole sequence from position 0 through `hybrid_attention_naive`."""
+        c = self.config
+        q, k, v = self._qkv(x)
+        br = self.gla_branch
+        kw = dict(window=c.window, sinks=c.sinks, theta=c.rope_theta)
+        if br is not None:
+            R = c.n_heads // c.kv_heads
+            kw.update(phi_q=feature_map(q, br.q_map, c.feature_map), phi_k=feature_map(k.repeat_interleave(R, 2), br.k_map, c.feature_map),
+                      g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
+        y = hybrid_attention_naive(q, k, v, **kw)
+        return self.o_proj(y.reshape(*x.shape[:2], c.value_dim).to(x.dtype))
+
+    @torch.no_grad()
+    def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * std)
+        self.o_proj.weight.copy_(torch.randn(self.o_proj.weight.shape, generator=gen) * out_std)
+        if self.gla_branch is not None:
+            self.gla_branch.init_weights()
+
+
+@torch.no_grad()
+def naive_forward(model: nn.Module, ids: Tensor) -> Tensor:
+    """Logits [B, T, vocab] of a window-mixer model through the slow reference, from
+    position 0 with no state: the fast path's tests compare against this."""
+    x = model.embed(ids)
+    for block in model.blocks:
+        x = x + block.attn.reference(block.attn_norm(x))
+        if block.ffn is not None:
+            x = x + block.ffn(block.ffn_norm(x))
+    h = model.norm(x)
+    return model.lm_head(h) if model.lm_head is not None else h @ model.embed.weight.t()
