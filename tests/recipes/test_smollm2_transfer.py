@@ -101,3 +101,41 @@ def test_multipliers_turn_a_source_down():
     assert source_weights(docs, 1.0, {}) == {"a": 0.5, "b": 0.5}
     w = source_weights(docs, 1.0, {"b": 0.25})
     assert w["b"] == pytest.approx(0.2) and sum(w.values()) == pytest.approx(1.0)
+
+
+def test_export_swaps_in_exactly_the_trained_branch(tmp_path: Path):
+    from safetensors.torch import load_file, save_file
+
+    from recipes.smollm2_hybrid.export import branch_of_run, swap_into
+
+    model = tiny_model()
+    train(model, tiny_mix(), tiny_plan(), tmp_path / "run", until=2, log=lambda s: None)
+    tensors, info = branch_of_run(tmp_path / "run")
+    assert info["step"] == "2" and not any(k.startswith("adam.") for k in tensors)
+    assert tensors.keys() == branch_tensors(model).keys()
+    fresh = tiny_model().state_dict()
+    (tmp_path / "m").mkdir()
+    save_file({k: v.contiguous() for k, v in fresh.items()}, str(tmp_path / "m" / "model.safetensors"))
+    swap_into(tmp_path / "m", tensors)
+    got = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert got.keys() == fresh.keys()
+    for k, v in got.items():
+        assert torch.equal(v, tensors[k] if k in tensors else fresh[k])
+    assert not torch.equal(got["blocks.1.attn.gla_branch.log_beta"], fresh["blocks.1.attn.gla_branch.log_beta"])
+    with pytest.raises(ValueError, match="no tensor"):
+        swap_into(tmp_path / "m", {"blocks.9.attn.gla_branch.log_beta": torch.zeros(4)})
+
+
+def test_losses_read_in_segments_equal_one_pass():
+    import torch.nn.functional as F
+
+    from recipes.smollm2_hybrid.evaluate import ppl, token_losses
+
+    model = tiny_model()
+    ids = tiny_mix(length=40).sequence(1)
+    with torch.no_grad():
+        logits, _ = model(torch.tensor(ids)[None])
+    expect = F.cross_entropy(logits[0, :-1], torch.tensor(ids[1:]), reduction="none")
+    got = torch.tensor(token_losses(model, ids, segment=9))
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    assert ppl([got.tolist()], 10, 20) == pytest.approx(float(expect[10:20].mean().exp()), rel=1e-5)
