@@ -5,8 +5,7 @@ by position, and the table that joins it with `laplace probe natural`'s recall.
     python -m recipes.smollm2_hybrid.evaluate table --ppl ppl-*.json --natural NAME=natural.json ...
 
 `ppl`: the first --tokens tokens of --docs held-out documents (the corpus's heldout.jsonl,
-which no training reads; one document per source, sources taken in turn, each the first of
-its source long enough), read in --segment-token pieces through the runtime with the state
+which no training reads; one document per source, `held_out_docs`), read in --segment-token pieces through the runtime with the state
 carried, as a chat session reads. It stores every prediction's loss, so the table can cut
 them by position: the query positions below S + W (where every variant is the teacher:
 "nothing lost within the window"), and from S + W on up to 2,048 and to 4,096 tokens.
@@ -25,13 +24,15 @@ import torch.nn.functional as F
 
 
 def held_out_docs(corpus: Path, encode, tokens: int, count: int) -> list[tuple[str, list[int]]]:  # type: ignore[no-untyped-def]
-    """(doc_id, first `tokens` ids) for `count` held-out documents, one per source in turn."""
+    """(doc_id, first `tokens` ids) for `count` held-out documents: the first long enough
+    document of each source, sources taken from the most held-out text down (so the picks
+    follow where the held-out text is, not the alphabet)."""
     by_source: dict[str, list[dict]] = {}
     with open(corpus / "heldout.jsonl", encoding="utf-8") as f:
         for d in map(json.loads, f):
             by_source.setdefault(d["source"], []).append(d)
     picked = []
-    for source in sorted(by_source):
+    for source in sorted(by_source, key=lambda s: (-sum(len(d["text"]) for d in by_source[s]), s)):
         for d in by_source[source]:
             if len(d["text"]) < 3 * tokens:  # too short to hold `tokens` tokens of English
                 continue

@@ -139,3 +139,17 @@ def test_losses_read_in_segments_equal_one_pass():
     got = torch.tensor(token_losses(model, ids, segment=9))
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     assert ppl([got.tolist()], 10, 20) == pytest.approx(float(expect[10:20].mean().exp()), rel=1e-5)
+
+
+def test_held_out_picks_follow_the_held_out_text(tmp_path: Path):
+    from recipes.smollm2_hybrid.evaluate import held_out_docs
+
+    rows = [{"source": "small", "doc_id": "small#1", "text": "a b " * 40},
+            {"source": "big", "doc_id": "big#1", "text": "too short"},
+            {"source": "big", "doc_id": "big#2", "text": "c d " * 50},
+            {"source": "big", "doc_id": "big#3", "text": "e f " * 50}]
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    encode = lambda s: s.split()  # noqa: E731
+    picked = held_out_docs(tmp_path, encode, 20, 5)
+    assert [d for d, _ in picked] == ["big#2", "small#1"] and all(len(ids) == 20 for _, ids in picked)
+    assert [d for d, _ in held_out_docs(tmp_path, encode, 20, 1)] == ["big#2"]
