@@ -2,6 +2,7 @@
 directory with it in place of the import's initial branch.
 
     python -m recipes.smollm2_hybrid.export --run RUN_DIR [--file gla_branch.safetensors] [--into MODEL_DIR]
+    python -m recipes.smollm2_hybrid.export --branch gla_branch.safetensors --into MODEL_DIR
 
 The file holds exactly the model's `blocks.{i}.attn.gla_branch.*` tensors (fp32: what was
 trained is what is measured and shipped), with the run's step and tokens in its metadata.
@@ -42,11 +43,20 @@ def swap_into(model_dir: Path, tensors: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", type=Path, help="a transfer run's folder")
+    src.add_argument("--branch", type=Path, help="a branch file this script wrote")
     ap.add_argument("--file", type=Path)
     ap.add_argument("--into", type=Path)
     args = ap.parse_args()
-    tensors, info = branch_of_run(args.run)
+    if args.run:
+        tensors, info = branch_of_run(args.run)
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(args.branch), "pt") as f:
+            info = dict(f.metadata() or {})
+        tensors = load_file(str(args.branch))
     if args.file:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.file), metadata=info)
         print(f"wrote {args.file}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters, "
