@@ -64,21 +64,39 @@ def ppl(losses: list[list[float]], lo: int, hi: int) -> float:
     return math.exp(sum(xs) / len(xs))
 
 
+@torch.inference_mode()
+def teacher_losses(model: torch.nn.Module, ids: list[int]) -> list[float]:
+    """The same losses from transformers' own Llama (full causal attention, one pass)."""
+    x = torch.tensor(ids)
+    logits = model(x[None, :-1]).logits
+    return F.cross_entropy(logits[0].float(), x[1:], reduction="none").tolist()
+
+
 def cmd_ppl(args: argparse.Namespace) -> None:
     from agent.runtime.checkpoint import load_model_dir
 
     torch.set_num_threads(args.threads)
     lm = load_model_dir(args.model)
     docs = held_out_docs(args.corpus, lm.tokenizer.encode, args.tokens, args.docs)
+    c = lm.model.config
+    rep = {"model": args.model.name, "window": c.window, "sinks": c.sinks, "gla_branch": c.gla_branch,
+           "fingerprint": lm.fingerprint, "tokens": args.tokens, "docs": [d for d, _ in docs]}
+    if args.teacher_gguf:  # the teacher itself, beside the runtime's variants: the window's full length costs too much here
+        from transformers import LlamaForCausalLM
+
+        g = args.teacher_gguf
+        teacher = LlamaForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
+        run = lambda ids: teacher_losses(teacher, ids)  # noqa: E731
+        rep.update(model=f"teacher ({g.name}, transformers)", window=None, gla_branch=False, fingerprint=None)
+    else:
+        run = lambda ids: token_losses(lm.model.eval(), ids, args.segment)  # noqa: E731
     t0 = time.time()
     losses = []
     for doc_id, ids in docs:
-        losses.append(token_losses(lm.model.eval(), ids, args.segment))
-        print(f"{args.model.name} {doc_id}: ppl {math.exp(sum(losses[-1]) / len(losses[-1])):.3f} "
+        losses.append(run(ids))
+        print(f"{rep['model']} {doc_id}: ppl {math.exp(sum(losses[-1]) / len(losses[-1])):.3f} "
               f"({time.time() - t0:.0f} s)", flush=True)
-    c = lm.model.config
-    rep = {"model": args.model.name, "window": c.window, "sinks": c.sinks, "gla_branch": c.gla_branch,
-           "fingerprint": lm.fingerprint, "tokens": args.tokens, "docs": [d for d, _ in docs], "losses": losses}
+    rep["losses"] = losses
     args.out.write_text(json.dumps(rep) + "\n")
 
 
@@ -112,6 +130,8 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--segment", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--teacher-gguf", type=Path, help="measure the teacher itself from this GGUF (transformers' Llama); "
+                   "--model then only supplies the tokenizer")
     t = sub.add_parser("table")
     t.add_argument("--ppl", type=Path, nargs="+", required=True)
     t.add_argument("--natural", nargs="*", default=[], metavar="NAME=JSON")
