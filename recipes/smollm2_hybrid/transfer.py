@@ -15,7 +15,7 @@ is differentiated on its own (memory for one layer's graph at a time).
 A run lives in RUN_DIR: `branch.safetensors` (the branch's tensors under the model's own
 names, and the optimizer's moments under `adam.*`) with `branch.json` (format, plan, step,
 Adam's step counts), replaced atomically every `checkpoint_every` steps and on SIGTERM, and
-`log.jsonl` (one line per step). Sequence i of the data is a function of (seed, i) and a
+`log.jsonl` (one line per step), and `pid` (SIGTERM it to stop cleanly). Sequence i of the data is a function of (seed, i) and a
 sequence is reused for `steps_per_seq` steps, so the data cursor is the step count and a
 resumed run is bit-identical to an uninterrupted one (tests/recipes/test_smollm2_transfer.py).
 """
@@ -258,6 +258,8 @@ def main() -> None:
     held = teacher_pass(model, torch.tensor(held_mix.sequence(0)))
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))  # finish the step, checkpoint, exit
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pid").write_text(f"{os.getpid()}\n")  # whom to SIGTERM: not the shell that launched it
     step = train(model, mix, plan, args.out, until=args.until or plan.steps, held=held,
                  log=lambda s: print(s, flush=True), should_stop=lambda: stop["now"])
     print(f"stopped at step {step}; checkpoint in {args.out}", flush=True)
