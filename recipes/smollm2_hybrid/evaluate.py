@@ -108,6 +108,11 @@ def cmd_table(args: argparse.Namespace) -> None:
     print("|---|" + "---|" * len(cols))
     for r in reps:
         print(f"| {r['model']} | " + " | ".join(f"{ppl(r['losses'], lo, hi):.3f}" for _, lo, hi in cols) + " |")
+    bands = [(edge, 512), (512, 1024), (1024, 2047), (2047, 4095)]  # where along the text it goes wrong
+    print("\n| model | " + " | ".join(f"ppl {lo}..{hi}" for lo, hi in bands) + " |")
+    print("|---|" + "---|" * len(bands))
+    for r in reps:
+        print(f"| {r['model']} | " + " | ".join(f"{ppl(r['losses'], lo, hi):.3f}" for lo, hi in bands) + " |")
     print(f"\n{len(reps[0]['docs'])} held-out documents: {', '.join(reps[0]['docs'])}")
     if args.natural:
         print("\n| model | refresh | distance | recalled | wrong | not told when never stated |\n|---|---|---|---|---|---|")
