@@ -166,7 +166,7 @@ def test_a_real_gguf_equals_transformers(tmp_path):
     and the tokenizer equals transformers' GGUF tokenizer on text, digits and ChatML."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from recipes.hybrid.text import stdlib_text
+    from recipes.smollm2_hybrid.text import stdlib_text
 
     path = Path(os.environ["LAPLACE_TEST_GGUF"])
     lm = import_checkpoint(path, tmp_path / "m", name="m", hybrid=HybridOptions(window=512, sinks=4))

@@ -1,6 +1,6 @@
 """Which combine mode for the window hybrid's GLA branch: a measurement (issue 26).
 
-    python -m recipes.hybrid.combine --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m recipes.smollm2_hybrid.combine --gguf SmolLM2-135M-Instruct.Q4_1.gguf
 
 Both modes start as (almost) the window-only teacher, so they can only be told apart after
 the branch has learned something. This runs LoLCATs' first stage, attention transfer, for
@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from agent.importers.gguf_source import read_gguf
 from agent.importers.llama import HybridOptions
 from agent.runtime.window import window_attention
-from recipes.hybrid.measure import build, perplexity
-from recipes.hybrid.text import TEXTS
+from recipes.smollm2_hybrid.measure import build, perplexity
+from recipes.smollm2_hybrid.text import TEXTS
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""recipes/hybrid: the combine-mode measurement trains the very branch the model runs, and
+"""recipes/smollm2_hybrid: the combine-mode measurement trains the very branch the model runs, and
 its texts are the machine's own and the same on every run."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from agent.runtime.state import RecurrentState
-from recipes.hybrid.combine import branch_output, layer_cache
-from recipes.hybrid.text import TEXTS
+from recipes.smollm2_hybrid.combine import branch_output, layer_cache
+from recipes.smollm2_hybrid.text import TEXTS
 from tests.runtime.test_window import window_model
 
 

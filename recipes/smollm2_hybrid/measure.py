@@ -1,9 +1,9 @@
 """Perplexity and decode speed of a Llama teacher's window hybrid (issue 26).
 
-    python -m recipes.hybrid.measure --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m recipes.smollm2_hybrid.measure --gguf SmolLM2-135M-Instruct.Q4_1.gguf
 
 Perplexity on the first --tokens tokens of English the standard library carries
-(`recipes.hybrid.text`: --text reference, the language reference's prose, or docstrings,
+(`recipes.smollm2_hybrid.text`: --text reference, the language reference's prose, or docstrings,
 whose code examples repeat identifiers far apart), read in one pass: full attention (a window as long as the text)
 against the window W + S sinks with the branch off and at its init in both combine modes
 (softmax's beta = exp(-4) is not exactly 0). Decode speed: fp32, --threads threads, after a
@@ -26,7 +26,7 @@ from agent.importers.gguf_source import read_gguf
 from agent.importers.llama import HybridOptions, hybrid_weights
 from agent.runtime.checkpoint import model_from_tensors
 from agent.runtime.generation import EagerRunner
-from recipes.hybrid.text import TEXTS
+from recipes.smollm2_hybrid.text import TEXTS
 
 
 def build(g, opts: HybridOptions) -> torch.nn.Module:
