@@ -37,7 +37,6 @@ teacher's GGUF" row calls it directly).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -51,6 +50,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from agent.importers.download import sha256_of as sha256_file
 
 LLAMA_CPP_PYTHON = "0.3.36"
 # sha256 of llama_cpp_python-0.3.36.tar.gz as PyPI serves it (the sdist the wheel is built from).
@@ -173,14 +174,6 @@ def default_cache_dir() -> Path:
 
 def converter_ok(root: Path) -> bool:
     return all((root / p).exists() for p in _CONVERTER_CHECK)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def extract_converter(sdist: Path, dest: Path, *, sha256: str = SDIST_SHA256) -> Path:

@@ -13,7 +13,6 @@ parameters that do ship here (`SHIPPED`: the GLA branch from attention transfer,
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import zipfile
@@ -23,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from safetensors import safe_open
 
-from agent.importers.download import DownloadError, download
+from agent.importers.download import DownloadError, download, sha256_of
 from agent.importers.llama import HybridOptions
 from agent.importers.source import CheckpointError
 from agent.runtime.checkpoint import PACKAGED_MODELS, LoadedModel
@@ -146,20 +145,16 @@ def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[dict[str, Any]]:
                     raise DeltaError(f"{branch.name}: {k} {tuple(v.shape)} does not fit ({have})")
             for k, v in tensors.items():
                 params[k].copy_(v.to(params[k].dtype))
-            applied.append({"file": BRANCH_FILE, "format": "replace", "tensors": len(tensors), "sha256": _sha256(branch)})
+            applied.append({"file": BRANCH_FILE, "format": "replace", "tensors": len(tensors), "sha256": sha256_of(branch)})
         if delta.is_file():
             tensors, fmt = read_delta(delta)
             apply_delta(loaded.model, tensors, fmt)
-            applied.append({"file": DELTA_FILE, "format": fmt, "tensors": len(tensors), "sha256": _sha256(delta)})
+            applied.append({"file": DELTA_FILE, "format": fmt, "tensors": len(tensors), "sha256": sha256_of(delta)})
     except DeltaError as exc:
         raise DefaultModelError(f"a shipped file does not fit the model ({exc}); reinstall laplace") from None
     except Exception as exc:  # safetensors raises its own error types
         raise DefaultModelError(f"a shipped file in {shipped} is unreadable ({exc}); reinstall laplace") from None
     return applied
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def card_fields(teacher: Teacher, hybrid: HybridOptions, applied: list[dict[str, Any]]) -> dict[str, Any]:

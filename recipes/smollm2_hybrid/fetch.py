@@ -13,7 +13,6 @@ right hash is never fetched again, so a rerun after an interruption resumes wher
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import io
 import os
 import shutil
@@ -25,6 +24,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from agent.importers.download import sha256_of as sha256_file
 from recipes.smollm2_hybrid.sources import Artifact
 
 Downloader = Callable[[Artifact, Path], None]  # writes the artifact's file into the folder it is given
@@ -36,14 +36,6 @@ class ChecksumError(RuntimeError):
 
 class FetchError(RuntimeError):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def registry_command(art: Artifact, folder: Path) -> list[str]:
