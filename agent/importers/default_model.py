@@ -138,13 +138,7 @@ def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[dict[str, Any]]:
         if branch.is_file():
             with safe_open(str(branch), framework="pt") as f:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
-            params = loaded.model.state_dict()
-            for k, v in tensors.items():  # every name and shape checked before any value changes
-                if k not in params or params[k].shape != v.shape:
-                    have = tuple(params[k].shape) if k in params else "no such weight"
-                    raise DeltaError(f"{branch.name}: {k} {tuple(v.shape)} does not fit ({have})")
-            for k, v in tensors.items():
-                params[k].copy_(v.to(params[k].dtype))
+            apply_delta(loaded.model, tensors, "replace")
             applied.append({"file": BRANCH_FILE, "format": "replace", "tensors": len(tensors), "sha256": sha256_of(branch)})
         if delta.is_file():
             tensors, fmt = read_delta(delta)

@@ -4,6 +4,8 @@ Two forms, told apart by the header's metadata `format`:
 - "add": tensors named exactly like the model's state_dict keys; W += delta.
 - "lora": pairs `<key>.lora_A` [r, in] and `<key>.lora_B` [out, r]; W += lora_B @ lora_A
   (any alpha / r scale is already folded into lora_B).
+`apply_delta` also takes "replace": new values for the named weights (the default model's
+shipped GLA branch), checked the same way.
 
 `apply_delta` is strict: an unknown key, a shape that does not fit, a lone half of a pair
 or an unknown format is an error, never a silent partial change. Plain safetensors: no
@@ -78,9 +80,10 @@ def write_delta(path: str | Path, tensors: dict[str, Tensor], fmt: str, metadata
 @torch.no_grad()
 def apply_delta(model: nn.Module, tensors: dict[str, Tensor], fmt: str) -> list[str]:
     """Add the delta into `model`'s weights in place (in fp32, stored back in each weight's
-    dtype); returns the keys changed. Checks every key and shape before changing any."""
+    dtype), or with `fmt="replace"` set them to `tensors`; returns the keys changed. Checks
+    every key and shape before changing any."""
     params = model.state_dict()
-    changes = delta_weights(tensors, fmt)
+    changes = dict(tensors) if fmt == "replace" else delta_weights(tensors, fmt)
     for key, d in changes.items():
         if key not in params:
             raise DeltaError(f"{key}: the model has no such weight")
@@ -88,5 +91,5 @@ def apply_delta(model: nn.Module, tensors: dict[str, Tensor], fmt: str) -> list[
             raise DeltaError(f"{key}: delta {tuple(d.shape)} does not fit the weight {tuple(params[key].shape)}")
     for key, d in changes.items():
         w = params[key]
-        w.copy_((w.float() + d.to(w.device, torch.float32)).to(w.dtype))
+        w.copy_(d.to(w.device, w.dtype) if fmt == "replace" else (w.float() + d.to(w.device, torch.float32)).to(w.dtype))
     return sorted(changes)
