@@ -78,10 +78,11 @@ def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
 
 
 
-def _progress(label: str, done: int, total: int) -> None:
+def _progress(label: str, done: int, total: int, amount: str | None = None) -> None:
+    """One progress line on stderr, redrawn in place; `amount` replaces "done/total"."""
     width = 30
     filled = int(width * done / max(total, 1))
-    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", err=True, nl=done >= total)
+    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {amount or f'{done}/{total}'}", err=True, nl=done >= total)
 
 
 def open_service(settings: Settings, *, model: Optional[str], session: Optional[str], cont: bool, device: str,

@@ -113,10 +113,9 @@ def ensure_model(settings: Settings, spec: str) -> None:
 
 
 def _bar(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    amount = f"{human_bytes(done)} / {human_bytes(total)}" if total > 1 else ("done" if done else "...")
-    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {amount}", err=True, nl=done >= total)
+    from agent.cli.chat import _progress
+
+    _progress(label, done, total, f"{human_bytes(done)} / {human_bytes(total)}" if total > 1 else ("done" if done else "..."))
 
 
 def _downloaded(folder: Path) -> bool:
