@@ -15,7 +15,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from agent.cli.errors import fail as _fail
+from agent.cli.errors import fail as _fail, progress_line
 from agent.cli.store import settings_of
 from agent.settings import Settings
 
@@ -78,13 +78,6 @@ def parse_option_pairs(raw: Optional[list[str]]) -> list[tuple[str, str]]:
 
 
 
-def _progress(label: str, done: int, total: int, amount: str | None = None) -> None:
-    """One progress line on stderr, redrawn in place; `amount` replaces "done/total"."""
-    width = 30
-    filled = int(width * done / max(total, 1))
-    typer.echo(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {amount or f'{done}/{total}'}", err=True, nl=done >= total)
-
-
 def open_service(settings: Settings, *, model: Optional[str], session: Optional[str], cont: bool, device: str,
                  options: list[tuple[str, str]], rebuild_state: bool, system: Optional[str],
                  defer_unusable: bool = False, initial_state: Optional[Path] = None) -> tuple["ChatService", Optional[Exception]]:
@@ -137,7 +130,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 service.new_session(system=system)
             else:
                 try:
-                    service.resume(target.uid, progress=lambda ev: _progress(ev.label, ev.done, ev.total))
+                    service.resume(target.uid, progress=lambda ev: progress_line(ev.label, ev.done, ev.total))
                 except StateUnusableError as exc:
                     if defer_unusable and not rebuild_state:
                         unusable = exc
@@ -148,7 +141,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 # replay although its hashes agree, and points here.
                 if rebuild_state:
                     for ev in service.rebuild_state():
-                        _progress(ev.label, ev.done, ev.total)
+                        progress_line(ev.label, ev.done, ev.total)
         except ChatError as exc:
             service.close()
             raise _fail(str(exc)) from None
@@ -261,7 +254,7 @@ def ask(
             elif isinstance(ev, TurnStarted):
                 started = ev
             elif isinstance(ev, ProgressEvent):  # a long message being folded, on stderr
-                _progress(ev.label, ev.done, ev.total)
+                progress_line(ev.label, ev.done, ev.total)
             elif isinstance(ev, StatsEvent):
                 stats = ev
             elif isinstance(ev, TurnFinished):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from agent.cli.errors import fail
+from agent.cli.errors import fail, progress_line
 from agent.cli.store import settings_of
 from agent.display import human_bytes
 from agent.settings import Settings
@@ -113,9 +113,7 @@ def ensure_model(settings: Settings, spec: str) -> None:
 
 
 def _bar(label: str, done: int, total: int) -> None:
-    from agent.cli.chat import _progress
-
-    _progress(label, done, total, f"{human_bytes(done)} / {human_bytes(total)}" if total > 1 else ("done" if done else "..."))
+    progress_line(label, done, total, f"{human_bytes(done)} / {human_bytes(total)}" if total > 1 else ("done" if done else "..."))
 
 
 def _downloaded(folder: Path) -> bool:
