@@ -10,11 +10,11 @@ import pytest
 
 from agent.probes.natural_text import CONCEPTS, HELDOUT_VALUES, says_not_told
 from agent.runtime.checkpoint import load_model_dir
-from recipes.default_model.corpus import Passage
-from recipes.default_model.data import make_builder
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.data import make_builder
 from recipes.experiments.natural import NaturalBuilder, NaturalSpec, cache, phrasings
 from recipes.experiments.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES
-from recipes.default_model.vocab import TRAIN
+from recipes.demo_model.vocab import TRAIN
 
 DEFAULT = Path(__file__).resolve().parents[3] / "agent" / "models" / "demo"
 

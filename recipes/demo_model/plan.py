@@ -1,4 +1,4 @@
-"""The plan of the bundled default model: every training stage that shipped, in order.
+"""The plan of the bundled demo model: every training stage that shipped, in order.
 
 One frozen `Stage` per block of training, as the shipped run made it (agent/models/demo's
 card and training_log.json record it): its data, its steps on its schedule, its learning
@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from agent.runtime.config import LaplaceConfig
-from recipes.default_model.dialogues import DialogueSpec
+from recipes.demo_model.dialogues import DialogueSpec
 
 VOCAB = 3072
 MODEL = LaplaceConfig(

@@ -18,14 +18,14 @@ from typing import Any
 
 import torch
 
-from recipes.default_model import data as rdata
-from recipes.default_model.corpus import Passage
-from recipes.default_model.dialogues import Fact
-from recipes.default_model.plan import BATCH_TOKENS, KeyDrills
-from recipes.default_model.recall_eval import EVAL_SEED, evaluate
-from recipes.default_model.recall_eval import held_out_code
-from recipes.default_model.vocab import HELDOUT, composed
-from recipes.default_model.worlds import drill_world, phase2_world, phase3_world
+from recipes.demo_model import data as rdata
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.dialogues import Fact
+from recipes.demo_model.plan import BATCH_TOKENS, KeyDrills
+from recipes.demo_model.recall_eval import EVAL_SEED, evaluate
+from recipes.demo_model.recall_eval import held_out_code
+from recipes.demo_model.vocab import HELDOUT, composed
+from recipes.demo_model.worlds import drill_world, phase2_world, phase3_world
 
 KEYS = ("fragment", "real", "phase2")
 

@@ -1,6 +1,6 @@
-"""Rebuild the bundled default model from scratch: run the plan (plan.py), stage by stage.
+"""Rebuild the bundled demo model from scratch: run the plan (plan.py), stage by stage.
 
-    nice -n 5 .venv/bin/python -m recipes.default_model.build --seed 0 --out /tmp/laplace-default
+    nice -n 5 .venv/bin/python -m recipes.demo_model.build --seed 0 --out /tmp/laplace-default
 
 (from the repository root). Steps, each under --work (default /tmp/laplace-default-build):
 1. English text: the standard library's docstrings (corpus.py), split train / held out.
@@ -37,13 +37,13 @@ from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.config import PRESETS
 from agent.runtime.model import build_model
 from agent.runtime.tokenizer import ChatTemplate
-from recipes.default_model import data as rdata
-from recipes.default_model import keys
-from recipes.default_model.corpus import Passage, read_passages, split_passages, wide_text
-from recipes.default_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, KeyDrills, Stage, scaled
-from recipes.default_model.recall_eval import end_of_turn, evaluate
-from recipes.default_model.train import held_out_perplexity, log, train_stage
-from recipes.default_model.worlds import world
+from recipes.demo_model import data as rdata
+from recipes.demo_model import keys
+from recipes.demo_model.corpus import Passage, read_passages, split_passages, wide_text
+from recipes.demo_model.plan import BATCH_TOKENS, CURRICULUM, DRILL, MODEL, PLAN, VOCAB, Chat, KeyDrills, Stage, scaled
+from recipes.demo_model.recall_eval import end_of_turn, evaluate
+from recipes.demo_model.train import held_out_perplexity, log, train_stage
+from recipes.demo_model.worlds import world
 
 GATE = 0.5  # phase 1's go/no-go: mean recall at distance <= 128
 GATE_TRIALS, VAL_TRIALS = 24, 16
@@ -196,7 +196,7 @@ class Build:
         tps = [e["tokens_per_s"] for e in self.history if e.get("tokens_per_s")]
         return {
             "name": "demo", "demo": True, "trained": True, "family": "laplace", "parameters": lm.config.parameters(),
-            "recipe": f"python -m recipes.default_model.build --seed {args.seed}", "seed": args.seed,
+            "recipe": f"python -m recipes.demo_model.build --seed {args.seed}", "seed": args.seed,
             "training_tokens": steps * BATCH_TOKENS, "training_steps": steps, "batch_tokens": BATCH_TOKENS,
             "tokens_per_s": round(sum(tps) / len(tps)) if tps else None, "device": f"cpu ({args.threads} thread(s), fp32)",
             "optimizer": "Muon (block matrices) + AdamW (embeddings, head, norms, conv, decay gates)",
@@ -205,7 +205,7 @@ class Build:
             "data": {
                 "english": "docstrings of the Python standard library (PSF License 2.0), read with ast from the local interpreter"
                            "; phase 3 adds its pydoc topics (PSF-2.0) and the docstrings of the installed torch (BSD-3-Clause)",
-                "dialogues": "synthetic, generated from templates in recipes/default_model (facts, questions, updates, "
+                "dialogues": "synthetic, generated from templates in recipes/demo_model (facts, questions, updates, "
                              "never-stated controls, documents, key drills)",
             },
             "tokenizer": f"byte-level BPE, {lm.tokenizer.vocab_size} tokens, digits split, trained with tokenizers on the training data",
@@ -241,7 +241,7 @@ def argument_parser(description: str | None = __doc__) -> argparse.ArgumentParse
     ap.add_argument("--eval-trials", type=int, default=24, help="trials per distance of the final evaluation (and at most of the checks)")
     ap.add_argument("--stop-after-stage", default=None, metavar="NAME", help="end after this stage of the plan (e.g. p1.polish, p3)")
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every stage's steps and data (smoke runs); 1: the plan")
-    ap.add_argument("--tiny", action="store_true", help="the tiny preset's widths instead of the default model's (smoke runs)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny preset's widths instead of the demo model's (smoke runs)")
     ap.add_argument("--baseline", action="store_true", help="also train the softmax baseline (baseline.py)")
     return ap
 
@@ -251,7 +251,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, stages: tu
     names = [s.name for s in stages]
     if args.stop_after_stage is not None and args.stop_after_stage not in names:
         ap.error(f"--stop-after-stage: no stage {args.stop_after_stage!r} in the plan; stages: {names[0]} ... {names[-1]} "
-                 f"(list them with: python -c 'from recipes.default_model.plan import PLAN; print([s.name for s in PLAN])')")
+                 f"(list them with: python -c 'from recipes.demo_model.plan import PLAN; print([s.name for s in PLAN])')")
     if not args.steps_scale > 0:
         ap.error(f"--steps-scale must be positive, got {args.steps_scale}")
     for name in ("threads", "eval_trials"):
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     build = Build(args, scaled(PLAN, args.steps_scale))
     build.finish(build.run())
     if args.baseline:
-        from recipes.default_model.baseline import run_baseline
+        from recipes.demo_model.baseline import run_baseline
 
         run_baseline(Path(args.work), seed=args.seed, threads=args.threads)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A 40+ turn `laplace chat` session with the bundled demo model (once the default), driven through tmux
 # (the real TUI, -m demo), then exported. Facts are said early and asked ~30 turns later.
-# Usage: scripts/default_model_chat_demo.sh OUT_DIR   (LAPLACE_HOME is set to OUT_DIR/home)
+# Usage: scripts/demo_model_chat_demo.sh OUT_DIR   (LAPLACE_HOME is set to OUT_DIR/home)
 source "$(dirname "$0")/tmux_chat.sh"
 demo_start "${1:-/tmp/laplace-chat-demo}" demo
 say "Hi! By the way, the code for the back door is 48213."

@@ -1,6 +1,6 @@
 """Fold the evaluation results into the shipped model's card, in lines `laplace info` shows.
 
-    python -m recipes.default_model.card --model agent/models/demo --work /tmp/laplace-default-build \
+    python -m recipes.demo_model.card --model agent/models/demo --work /tmp/laplace-default-build \
         --probe docs/demo-model-probe.json
 
 Reads the recipe's eval.json / baseline.json and a `laplace probe run --json` report, and
@@ -57,7 +57,7 @@ def update_card(model_dir: Path, work: Path, probe_json: Path | None, *, record:
     if isinstance(card.get("data"), dict):
         card["data"] = ("Python stdlib docstrings (PSF-2.0, read from the local interpreter)"
                         + (" + pydoc topics (PSF-2.0) and torch's docstrings (BSD-3-Clause) in phase 3" if card.get("phase3") else "")
-                        + " + synthetic template dialogues (recipes/default_model)"
+                        + " + synthetic template dialogues (recipes/demo_model)"
                         + (" + key drills with made-up key words in phase 5" if card.get("phase5") else ""))
     stages = detail.get("stages") or []
     given = next((h for h in stages if h.get("phase") == 1 and "card" in h), None)  # phase 1, recorded by the run that continued from it

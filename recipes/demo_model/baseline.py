@@ -1,4 +1,4 @@
-"""The fair baseline: a softmax-attention transformer of the default model's widths,
+"""The fair baseline: a softmax-attention transformer of the demo model's widths,
 trained on the same rows, in the same order, with the same optimizer split and schedule
 for as many steps as the GLA gate checkpoint, then scored on the same held-out text.
 
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from recipes.default_model.plan import BATCH_TOKENS, MODEL, PLAN
-from recipes.default_model.corpus import read_passages, split_passages
-from recipes.default_model.train import held_out_perplexity, log
+from recipes.demo_model.plan import BATCH_TOKENS, MODEL, PLAN
+from recipes.demo_model.corpus import read_passages, split_passages
+from recipes.demo_model.train import held_out_perplexity, log
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.softmax import SoftmaxModel
 from agent.train.data import IGNORE_INDEX, load_documents, pack, pad_token

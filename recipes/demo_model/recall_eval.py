@@ -22,10 +22,10 @@ from typing import Any, Iterator
 import torch
 
 from agent.probes.engine import advance
-from recipes.default_model.corpus import Passage
-from recipes.default_model.data import make_builder
-from recipes.default_model.dialogues import Builder, Fact, new_fact
-from recipes.default_model.vocab import HELDOUT
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.data import make_builder
+from recipes.demo_model.dialogues import Builder, Fact, new_fact
+from recipes.demo_model.vocab import HELDOUT
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.state import RecurrentState
 

@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from recipes.default_model.corpus import Passage, sentences
-from recipes.default_model.vocab import World
+from recipes.demo_model.corpus import Passage, sentences
+from recipes.demo_model.vocab import World
 
 Message = dict[str, str]
 Counter = Callable[[Message], int]

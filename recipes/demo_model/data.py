@@ -1,4 +1,4 @@
-"""Build the default model's data: tokenizer, staged training files and held-out files.
+"""Build the demo model's data: tokenizer, staged training files and held-out files.
 
 Everything is a pure function of the seed and the interpreter's own standard library:
 - `train_tokenizer`: byte-level BPE (digits split one by one, so every number is copied
@@ -18,9 +18,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from recipes.default_model.corpus import Passage, wide_text
-from recipes.default_model.dialogues import Builder, DialogueSpec, Message
-from recipes.default_model.vocab import HELDOUT, TRAIN, World
+from recipes.demo_model.corpus import Passage, wide_text
+from recipes.demo_model.dialogues import Builder, DialogueSpec, Message
+from recipes.demo_model.vocab import HELDOUT, TRAIN, World
 from agent.runtime.tokenizer import SPECIAL_TOKENS, ChatTemplate, Tokenizer
 
 

@@ -19,9 +19,9 @@ import torch
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer
 from agent.train.config import TrainConfig
-from recipes.default_model.corpus import Passage
-from recipes.default_model.plan import BATCH_TOKENS, FOCUS_WEIGHT, Stage
-from recipes.default_model.weighted import FocusTrainer, WeightedTrainer
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.plan import BATCH_TOKENS, FOCUS_WEIGHT, Stage
+from recipes.demo_model.weighted import FocusTrainer, WeightedTrainer
 
 
 def log(msg: str) -> None:

@@ -19,8 +19,8 @@ import re
 
 from agent.probes import text as probe_text
 from agent.runtime.tokenizer import Tokenizer
-from recipes.default_model.corpus import Passage
-from recipes.default_model.vocab import HELDOUT, TRAIN, World, composed, varied, widened
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.vocab import HELDOUT, TRAIN, World, composed, varied, widened
 
 FRAGMENT_WORDS = 20_000  # thing adjectives and nouns each, for phase 5's drills
 BANNED = frozenset((*HELDOUT.thing_adj, *HELDOUT.thing_noun, *probe_text.ADJECTIVES, *probe_text.NOUNS, "is", "for", "the"))
