@@ -1,6 +1,6 @@
 """Which combine mode for the window hybrid's GLA branch: a measurement (issue 26).
 
-    python -m recipes.smollm2_hybrid.combine --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m recipes.smollm2_hybrid.measure.combine --gguf SmolLM2-135M-Instruct.Q4_1.gguf
 
 Both modes start as (almost) the window-only teacher, so they can only be told apart after
 the branch has learned something. This runs LoLCATs' first stage, attention transfer, for
@@ -21,58 +21,23 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from agent.importers.gguf_source import read_gguf
 from agent.importers.llama import HybridOptions
-from agent.runtime.window import window_attention
-from recipes.smollm2_hybrid.measure import build, perplexity
+from recipes.smollm2_hybrid.hybrid import build
+from recipes.smollm2_hybrid.measure.perplexity import whole_and_tail
 from recipes.smollm2_hybrid.text import TEXTS
+from recipes.smollm2_hybrid.train.attention import layer_cache, layer_inputs, window_errors
 
 
 @torch.no_grad()
-def layer_inputs(teacher: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
-    """The teacher's normed input to every layer's attention: [T, d_model] each."""
-    seen: list[torch.Tensor] = []
-    hooks = [b.attn.register_forward_hook(lambda m, args, out: seen.append(args[0][0].clone())) for b in teacher.blocks]
-    teacher(ids[None])
-    for h in hooks:
-        h.remove()
-    return seen
-
-
-@torch.no_grad()
-def layer_cache(attn: torch.nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What the branch's training needs of one layer and sequence: the window's num/den, the
-    evicted keys, q, the input (for the decay) and the target, full attention's output."""
-    c = attn.config
-    q, k, v = attn._qkv(h[None])
-    zeros = torch.zeros(1, c.kv_heads, c.sinks + c.window, c.head_k_dim)
-    pos = torch.zeros(1, dtype=torch.long)
-    num, den, _, _, ev_k, ev_v, ev_ok = window_attention(q, k, v, zeros, zeros, pos, None, window=c.window, sinks=c.sinks,
-                                                         theta=c.rope_theta, block=c.chunk_size)
-    T = h.shape[0]
-    full = torch.zeros(1, c.kv_heads, c.sinks + T, c.head_k_dim)
-    fnum, fden, *_ = window_attention(q, k, v, full, full, pos, None, window=T, sinks=c.sinks, theta=c.rope_theta, block=c.chunk_size)
-    return {"h": h[None], "q": q, "num": num, "den": den, "ev_k": ev_k, "ev_v": ev_v, "ev_ok": ev_ok, "target": fnum / fden[..., None]}
-
-
-def branch_output(attn: torch.nn.Module, cache: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The hybrid layer's attention output [1, T, H, D] from a fresh state (the module's own
-    branch, with the window's part from the cache)."""
-    c = attn.config
-    state = torch.zeros(1, c.n_heads, c.feature_size, c.head_v_dim + 1)
-    y, _ = attn.branch(cache["h"], cache["q"], cache["num"], cache["den"], cache["ev_k"], cache["ev_v"], cache["ev_ok"], None, state)
-    return y
-
-
-@torch.no_grad()
-def held_mse(model: torch.nn.Module, seq: list[dict], start: int) -> float:
+def held_relative_mse(model: torch.nn.Module, seq: list[dict], start: int) -> float:
     """MSE to full attention on a held-out sequence, relative to the window alone's (1.0:
     the branch adds nothing; 0: the layer is full attention)."""
-    got = sum(F.mse_loss(branch_output(b.attn, c)[:, start:], c["target"][:, start:]) for b, c in zip(model.blocks, seq))
-    base = sum(F.mse_loss((c["num"] / c["den"][..., None])[:, start:], c["target"][:, start:]) for c in seq)
-    return round(float(got / base), 4)
+    errors = [window_errors(b.attn, c, start) for b, c in zip(model.blocks, seq)]
+    # Summed over the layers before the ratio (the figures in agent/importers/llama.py were
+    # taken so); the training run's logs average the per-layer ratios instead.
+    return round(float(sum(e for e, _ in errors) / sum(b for _, b in errors)), 4)
 
 
 def transfer(model: torch.nn.Module, caches: list[list[dict]], held: list[dict], steps: int, lr: float, mix_lr: float,
@@ -85,16 +50,15 @@ def transfer(model: torch.nn.Module, caches: list[list[dict]], held: list[dict],
     for p in mix + rest:
         p.requires_grad_(True)
     opt = torch.optim.Adam([{"params": rest, "lr": lr}, {"params": mix, "lr": mix_lr}])
-    curve = [(0, held_mse(model, held, start))]
+    curve = [(0, held_relative_mse(model, held, start))]
     for step in range(steps):
         seq = caches[step % len(caches)]
         opt.zero_grad()
-        loss = sum(F.mse_loss(branch_output(b.attn, cache)[:, start:], cache["target"][:, start:])
-                   for b, cache in zip(model.blocks, seq)) / len(seq)
+        loss = sum(window_errors(b.attn, cache, start)[0] for b, cache in zip(model.blocks, seq)) / len(seq)
         loss.backward()
         opt.step()
         if (step + 1) % 50 == 0 or step == steps - 1:
-            curve.append((step + 1, held_mse(model, held, start)))
+            curve.append((step + 1, held_relative_mse(model, held, start)))
             print(f"  step {step + 1} train mse {float(loss.detach()):.6f} held-out relative mse {curve[-1][1]}", flush=True)
     return curve
 
@@ -123,12 +87,12 @@ def main() -> None:
     assert all(len(x) == T for x in held.values()) and all(len(x) == Tt for x in train), "not enough text"
     teacher = build(g, HybridOptions(window=max(T, Tt), sinks=args.sinks, gla_branch=False))
     out: dict = {"tokens": T, "window": args.window, "sinks": args.sinks, "train_tokens": Tt * args.train_seqs, "steps": args.steps,
-                 "ppl": {"full": {k: round(perplexity(teacher, v, T // 2)[0], 3) for k, v in held.items()}}}
+                 "ppl": {"full": {k: round(whole_and_tail(teacher, v, T // 2)[0], 3) for k, v in held.items()}}}
     inputs = [layer_inputs(teacher, ids) for ids in train]
     held_inputs = layer_inputs(teacher, held["reference"][:Tt])
     del teacher
     base = build(g, HybridOptions(window=args.window, sinks=args.sinks, gla_branch=False))
-    out["ppl"]["window"] = {k: round(perplexity(base, v, T // 2)[0], 3) for k, v in held.items()}
+    out["ppl"]["window"] = {k: round(whole_and_tail(base, v, T // 2)[0], 3) for k, v in held.items()}
     print(out["ppl"], flush=True)
     for mode in ("softmax", "gated"):
         model = build(g, HybridOptions(window=args.window, sinks=args.sinks, combine=mode, chunk_size=args.chunk))
@@ -138,7 +102,7 @@ def main() -> None:
         out[f"held_relative_mse_{mode}"] = transfer(model, caches, held_cache, args.steps, args.lr, args.mix_lr, args.sinks + args.window)
         out[f"seconds_{mode}"] = round(time.time() - t)
         model.eval()
-        out["ppl"][mode] = {k: round(perplexity(model, v, T // 2)[0], 3) for k, v in held.items()}
+        out["ppl"][mode] = {k: round(whole_and_tail(model, v, T // 2)[0], 3) for k, v in held.items()}
         mixes = [b.attn.gla_branch.mix.detach() for b in model.blocks]
         out[f"mix_{mode}"] = {"mean": round(float(torch.stack(mixes).mean()), 4), "layer0": [round(x, 3) for x in mixes[0].tolist()]}
         print(mode, out["ppl"][mode], flush=True)

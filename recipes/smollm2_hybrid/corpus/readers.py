@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from recipes.smollm2_hybrid import extract
-from recipes.smollm2_hybrid.rdata import lazyload_objects
+from recipes.smollm2_hybrid.corpus import extract
+from recipes.smollm2_hybrid.corpus.rdata import lazyload_objects
 
 Members = Iterable[tuple[str, bytes]]
 MIN_PAGE_CHARS = 400  # a manual page with less prose than this (an index, a stub) is skipped

@@ -1,6 +1,6 @@
 """Perplexity and decode speed of a Llama teacher's window hybrid (issue 26).
 
-    python -m recipes.smollm2_hybrid.measure --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m recipes.smollm2_hybrid.measure.variants --gguf SmolLM2-135M-Instruct.Q4_1.gguf
 
 Perplexity on the first --tokens tokens of English the standard library carries
 (`recipes.smollm2_hybrid.text`: --text reference, the language reference's prose, or docstrings,
@@ -20,26 +20,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from agent.importers.gguf_source import read_gguf
-from agent.importers.llama import HybridOptions, hybrid_weights
-from agent.runtime.checkpoint import model_from_tensors
+from agent.importers.llama import HybridOptions
 from agent.runtime.generation import EagerRunner
+from recipes.smollm2_hybrid.hybrid import build
+from recipes.smollm2_hybrid.measure.perplexity import whole_and_tail
 from recipes.smollm2_hybrid.text import TEXTS
-
-
-def build(g, opts: HybridOptions) -> torch.nn.Module:
-    config, tensors = hybrid_weights(g.shape, g.tensors, opts, name="measure")
-    return model_from_tensors(config, {k: v.clone() for k, v in tensors.items()}, where="measure").eval()
-
-
-@torch.inference_mode()
-def perplexity(model: torch.nn.Module, ids: torch.Tensor, tail: int) -> tuple[float, float]:
-    """(ppl over every prediction, ppl over the last `tail` predictions)."""
-    logits, _ = model(ids[None])
-    nll = F.cross_entropy(logits[0, :-1].float(), ids[1:], reduction="none")
-    return float(nll.mean().exp()), float(nll[-tail:].mean().exp())
 
 
 def _rates(times: list[float]) -> dict[str, float]:
@@ -114,7 +101,7 @@ def main() -> None:
     torch.set_num_threads(max(2, args.threads))
     for name, opts in ({} if args.skip_ppl else runs).items():
         model = build(g, opts)
-        out["ppl"][name] = [round(x, 3) for x in perplexity(model, ids, tail)]
+        out["ppl"][name] = [round(x, 3) for x in whole_and_tail(model, ids, tail)]
         print(name, out["ppl"][name], flush=True)
     torch.set_num_threads(args.threads)
     if args.skip_decode:

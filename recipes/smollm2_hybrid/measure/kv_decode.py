@@ -1,6 +1,6 @@
 """Decode speed and memory at long contexts: the hybrid's fixed state against the teacher's KV cache.
 
-    python -m recipes.smollm2_hybrid.kv_decode --model default --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+    python -m recipes.smollm2_hybrid.measure.kv_decode --model default --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
         --contexts 1024,8192,32768 --steps 32 --threads 2
 
 The teacher (transformers' LlamaForCausalLM on the same GGUF, fp32, sdpa) decodes with a KV

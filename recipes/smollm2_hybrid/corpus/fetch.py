@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.importers.download import sha256_of as sha256_file
-from recipes.smollm2_hybrid.sources import Artifact
+from recipes.smollm2_hybrid.corpus.sources import Artifact
 
 Downloader = Callable[[Artifact, Path], None]  # writes the artifact's file into the folder it is given
 

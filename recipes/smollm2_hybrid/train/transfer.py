@@ -1,7 +1,7 @@
 """Attention transfer for the default model's GLA branch (issue 27), resumable.
 
-    python -m recipes.smollm2_hybrid.transfer --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --corpus CORPUS_DIR --out RUN_DIR [--plan recipes/smollm2_hybrid/plan.json] [--until STEP]
+    python -m recipes.smollm2_hybrid.train.transfer --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --corpus CORPUS_DIR --out RUN_DIR [--plan recipes/smollm2_hybrid/train/plan.json] [--until STEP]
 
 LoLCATs' first stage on the window hybrid: the teacher's weights are frozen and only the
 GLA branch of every layer (feature maps, decay gate, log beta) is trained so that the
@@ -32,12 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from recipes.smollm2_hybrid.combine import branch_output, layer_cache
-from recipes.smollm2_hybrid.mix import SequenceMix
+from recipes.smollm2_hybrid.train.attention import layer_cache, window_errors
+from recipes.smollm2_hybrid.train.mix import SequenceMix
 
 FORMAT = "laplace-gla-transfer/1"
 PLAN = Path(__file__).with_name("plan.json")
@@ -73,7 +72,7 @@ class Plan:
 
 @torch.no_grad()
 def teacher_pass(model: nn.Module, ids: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-    """Every layer's training cache (`combine.layer_cache`) from one pass of the model's own
+    """Every layer's training cache (`attention.layer_cache`) from one pass of the model's own
     weights with full attention: the input of layer l is the teacher's residual stream, the
     full-attention output of layer l is what flows on. ids [T] -> one dict per layer."""
     x = model.embed(ids[None])
@@ -94,11 +93,8 @@ def teacher_pass(model: nn.Module, ids: torch.Tensor) -> list[dict[str, torch.Te
 def layer_losses(attn: nn.Module, cache: dict[str, torch.Tensor], start: int) -> tuple[torch.Tensor, float]:
     """(the training loss: MSE past `start` / the target's mean square; the same MSE
     relative to the window alone's, 1.0 = the branch adds nothing)."""
-    y = branch_output(attn, cache)[:, start:]
-    target = cache["target"][:, start:]
-    mse = F.mse_loss(y, target)
-    base = F.mse_loss((cache["num"] / cache["den"][..., None])[:, start:], target)
-    return mse / target.pow(2).mean(), float(mse.detach() / base)
+    mse, base = window_errors(attn, cache, start)
+    return mse / cache["target"][:, start:].pow(2).mean(), float(mse.detach() / base)
 
 
 def param_groups(model: nn.Module, plan: Plan) -> list[dict]:
@@ -244,8 +240,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from agent.importers.gguf_source import read_gguf
     from agent.importers.llama import HybridOptions
-    from recipes.smollm2_hybrid.measure import build
-    from recipes.smollm2_hybrid.mix import read_docs
+    from recipes.smollm2_hybrid.hybrid import build
+    from recipes.smollm2_hybrid.train.mix import read_docs
 
     plan = Plan.load(args.plan)
     g = read_gguf(args.gguf)

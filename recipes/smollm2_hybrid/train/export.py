@@ -1,8 +1,8 @@
 """Take the trained GLA branch out of a transfer run: a small file of it, and a model
 directory with it in place of the import's initial branch.
 
-    python -m recipes.smollm2_hybrid.export --run RUN_DIR [--file gla_branch.safetensors] [--into MODEL_DIR]
-    python -m recipes.smollm2_hybrid.export --branch gla_branch.safetensors --into MODEL_DIR
+    python -m recipes.smollm2_hybrid.train.export --run RUN_DIR [--file gla_branch.safetensors] [--into MODEL_DIR]
+    python -m recipes.smollm2_hybrid.train.export --branch gla_branch.safetensors --into MODEL_DIR
 
 The file holds exactly the model's `blocks.{i}.attn.gla_branch.*` tensors (fp32: what was
 trained is what is measured and shipped), with the run's step and tokens in its metadata.
@@ -25,7 +25,7 @@ def branch_of_run(run: Path) -> tuple[dict, dict[str, str]]:
     meta = json.loads((run / "branch.json").read_text())
     tensors = {k: v for k, v in load_file(str(run / "branch.safetensors")).items() if ".gla_branch." in k and not k.startswith("adam.")}
     info = {"format": "laplace-gla-branch/1", "step": str(meta["step"]), "tokens_seen": str(meta.get("tokens_seen", "")),
-            "recipe": "recipes.smollm2_hybrid.transfer"}
+            "recipe": "recipes.smollm2_hybrid.train.transfer"}
     return tensors, info
 
 
