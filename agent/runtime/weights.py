@@ -22,7 +22,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Iterator
 
 import torch
 from torch import Tensor
@@ -152,9 +152,3 @@ class Digest:
     def hexdigest(self) -> str:
         return self._h.hexdigest()
 
-
-def stream(path: str | Path, order: list[str], infos: dict[str, TensorInfo], handle: Callable[[BinaryIO, TensorInfo], None]) -> None:
-    """Open the file once and call `handle(f, info)` for each name of `order`."""
-    with open(path, "rb") as f:
-        for name in order:
-            handle(f, infos[name])
