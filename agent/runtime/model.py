@@ -1,8 +1,11 @@
-"""The Laplace model: a pure Simple-GLA decoder. This file holds the math only.
+"""The Laplace model: a decoder whose token mixers keep a fixed-size state. This file holds
+the math only.
 
-Each block's token mixer is the Laplace GLA mixer (below), the Mamba-2 family's (`ssd.py`,
-for imported checkpoints) or the window hybrid of a converted Llama teacher (`window.py`);
-all are built from the parts in `layers.py` and run the same GLA kernel.
+Each block's token mixer is one of three: the Laplace GLA mixer (below: pure Simple GLA,
+the demo model and the presets), the Mamba-2 family's (`ssd.py`, for imported checkpoints),
+or the window hybrid of a converted Llama teacher (`window.py`: softmax attention over a
+window of recent tokens plus sinks, and a GLA branch over the older ones; the default
+model). All are built from the parts in `layers.py` and carry their GLA state the same way.
 
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.
