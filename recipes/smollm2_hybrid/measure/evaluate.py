@@ -56,11 +56,11 @@ def cmd_ppl(args: argparse.Namespace) -> None:
     rep = {"model": args.model.name, "window": c.window, "sinks": c.sinks, "gla_branch": c.gla_branch,
            "fingerprint": lm.fingerprint, "tokens": args.tokens, "docs": [d for d, _ in docs]}
     if args.teacher_gguf:  # the teacher itself, beside the runtime's variants: the window's full length costs too much here
-        from transformers import LlamaForCausalLM
+        from recipes.smollm2_hybrid.hybrid import teacher
 
         g = args.teacher_gguf
-        teacher = LlamaForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
-        run = lambda ids: teacher_losses(teacher, ids)  # noqa: E731
+        llama = teacher(g)
+        run = lambda ids: teacher_losses(llama, ids)  # noqa: E731
         rep.update(model=f"teacher ({g.name}, transformers)", window=None, gla_branch=False, fingerprint=None)
     else:
         run = lambda ids: token_losses(lm.model.eval(), ids, args.segment)  # noqa: E731

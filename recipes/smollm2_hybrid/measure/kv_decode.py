@@ -23,12 +23,6 @@ from pathlib import Path
 import torch
 
 
-def _teacher(gguf: Path):  # type: ignore[no-untyped-def]
-    from transformers import LlamaForCausalLM
-
-    return LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-
-
 def _kv_cache(model, n: int):  # type: ignore[no-untyped-def]
     from transformers import DynamicCache
 
@@ -52,6 +46,7 @@ def kv_bytes(model, n: int) -> int:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> None:
     from agent.runtime.checkpoint import load_model
     from agent.runtime.generation import EagerRunner
+    from recipes.smollm2_hybrid.hybrid import teacher as load_teacher
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the hybrid: a model name or directory")
@@ -66,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     runner = EagerRunner(lm.model)
     prompt = list(range(10, 10 + lm.config.window + lm.config.sinks + 8))  # fills the ring: the full-size state
     _, state = runner.prefill(prompt)
-    teacher = _teacher(args.gguf)
+    teacher = load_teacher(args.gguf)
     tok = torch.tensor([prompt[-1]])
     rows = []
     for n in (int(x) for x in args.contexts.split(",")):

@@ -24,7 +24,7 @@ import torch
 from agent.importers.gguf_source import read_gguf
 from agent.importers.llama import HybridOptions
 from agent.runtime.generation import EagerRunner
-from recipes.smollm2_hybrid.hybrid import build
+from recipes.smollm2_hybrid.hybrid import build, teacher
 from recipes.smollm2_hybrid.measure.perplexity import whole_and_tail
 from recipes.smollm2_hybrid.text import TEXTS
 
@@ -59,9 +59,7 @@ def decode_speed(model: torch.nn.Module, prompt: list[int], steps: int, compiled
 @torch.inference_mode()
 def teacher_decode_speed(gguf: Path, prompt: list[int], steps: int) -> dict[str, float]:
     """The baseline: transformers' LlamaForCausalLM on the same GGUF with its KV cache."""
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    model = teacher(gguf)
     out = model(torch.tensor([prompt]), use_cache=True)
     cache, tok = out.past_key_values, torch.tensor([[prompt[-1]]])
     times = []
