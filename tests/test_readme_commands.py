@@ -143,3 +143,17 @@ def test_ci_runs_the_readmes_test_command() -> None:
     ci_cmd = [line for line in ci.splitlines() if line.endswith(".venv/bin/pytest")][0].replace("pip install -q ", "pip install ")
     assert ci_cmd == readme_cmd
     assert "rm -rf .venv" in ci  # fresh, as the README promises
+
+
+LINKED = [*PAGES, ROOT / "recipes" / "README.md", *sorted((ROOT / "recipes").rglob("*/*.md"))]
+
+
+@pytest.mark.parametrize("page", LINKED, ids=[str(p.relative_to(ROOT)) for p in LINKED])
+def test_every_relative_link_points_at_a_file(page: Path) -> None:
+    """The README links to docs/ pages and recipes; a page moved or renamed breaks the link."""
+    text = page.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        assert path.exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
