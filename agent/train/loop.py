@@ -27,12 +27,15 @@ from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, sa
 from agent.runtime.delta import read_delta, write_delta
 from agent.runtime.device import has_fast_bf16, parse_dtype, resolve_device
 from agent.runtime.model import build_model
+from agent.runtime.params import is_block_matrix
 from agent.runtime.state import tensor_bytes
 from agent.train import checkpoint as ckpt
 from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
+from agent.train.memory import (FIT_MARGIN, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_peak_bytes,
+                                fit_advice)
 from agent.train.lora import LoRALinear, attach_lora, load_lora_delta, lora_delta, merged_state_dict
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
@@ -88,7 +91,8 @@ class Trainer:
         self.rows_per_step = batch_tokens // self.seq_len
         if self.rows_per_step % self.info.world:
             raise TrainConfigError(f"{self.rows_per_step} sequences per step do not split over {self.info.world} ranks")
-        self.micro = cfg.micro_batch or self.rows_per_step // self.info.world
+        self.micro = cfg.micro_batch or self._default_micro(self.rows_per_step // self.info.world)
+        self._check_memory()
         self.total_steps = cfg.steps or math.ceil(cfg.tokens / batch_tokens)  # type: ignore[operator]
         self.warmup = cfg.warmup if cfg.warmup is not None else min(100, self.total_steps // 20)
         self.eval_every = cfg.eval_every or max(1, self.total_steps // 10)
@@ -120,6 +124,43 @@ class Trainer:
         elif (self.out / ckpt.TRAINER_DIR / ckpt.STATE_FILE).exists() or ckpt.numbered_checkpoints(self.out):
             raise TrainConfigError(f"{self.out} already holds a finetune run; pass --resume {self.out} to continue it, or choose another --out")
         self._build_model()
+
+    def _estimate(self, micro: int) -> MemoryEstimate:
+        """This run's peak memory estimate (agent/train/memory.py) at `micro` rows per pass."""
+        cfg, model = self.cfg, self.base.model
+        n_params = sum(p.numel() for p in model.parameters())
+        extra, muon = 0, 0
+        if cfg.tune == "all":
+            trainable = n_params
+            if cfg.optimizer == "muon":
+                muon = sum(p.numel() for n, p in model.named_parameters() if is_block_matrix(n, p))
+        elif cfg.tune == "lora":
+            targets = set(cfg.lora_target_names)
+            trainable = sum(cfg.lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                            if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets)
+            extra = trainable
+        else:
+            trainable = extra = sum(t.numel() for t in model.new_state(1).tensors.values())
+        if self._base is not None and cfg.tune != "state":
+            extra += n_params  # the caller's model stays as it was: the trainer works on a copy
+        return estimate_peak_bytes(self.base.config, n_params=n_params, trainable=trainable, muon=muon, seq_len=self.seq_len,
+                                   micro=micro, recompute=cfg.recompute, extra_weights=extra)
+
+    def _default_micro(self, rows: int) -> int:
+        return default_micro_batch(rows, self._estimate)
+
+    def _check_memory(self) -> None:
+        """Refuse, before any data is read, a run whose estimated peak exceeds the memory
+        available (one line: what it needs, what there is, the way out)."""
+        if self.device.type != "cpu":
+            return  # accelerator memory is the device's; its own allocator reports a shortfall
+        est = self._estimate(self.micro)
+        avail = available_bytes()
+        self.memory_estimate = est
+        if avail is not None and est.total > FIT_MARGIN * avail:
+            raise TrainConfigError(
+                f"this run needs {est.describe()} but {avail / 2**30:.1f} GB is available; use "
+                f"{fit_advice(est, seq_len=self.seq_len, micro=self.micro, recompute=self.cfg.recompute, tune=self.cfg.tune)}")
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -161,6 +202,8 @@ class Trainer:
             trainable = self.initial
             split = ParamSplit(muon=[], adamw=list(self.initial.named_parameters()))
             names = dict(self.initial.named_parameters())
+        if cfg.recompute:
+            enable_recompute(model)
         self.model, self.split = model, split
         self.param_names = {id(p): n for n, p in names.items()}
         self.params_by_name = names
@@ -184,7 +227,11 @@ class Trainer:
             self.log(split.describe())
 
     def _private_copy(self) -> nn.Module:
-        """A private fp32 copy of the base model: the caller's model stays untouched."""
+        """A private fp32 copy of the base model: the caller's model stays untouched. A base
+        this trainer loaded itself is private already, and is used as it is (in fp32): a
+        second copy of the weights would cost as much memory as the grads."""
+        if self._base is None:
+            return self.base.model.float()
         model = build_model(self.base.config, device="meta")
         weights = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.base.model.state_dict().items()}
         model.load_state_dict(weights, strict=True, assign=True)
