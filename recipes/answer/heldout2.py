@@ -22,7 +22,7 @@ HELDOUT2_VALUES: dict[str, tuple[str, ...]] = {
     "food": ("lentils", "sardines", "okra", "rhubarb", "hazelnuts", "chickpeas"),
     "color": ("turquoise", "crimson", "mustard", "lavender", "charcoal", "coral"),
     "job": ("paramedic", "economist", "potter", "geologist", "locksmith", "zookeeper"),
-    "weekday": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"),
+    "weekday": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"),  # not Sunday: a training statement says it
     "time24": ("13:10", "14:20", "15:40", "16:50", "17:05", "18:25", "19:35", "20:55", "21:10", "22:20"),
     "word": ("quartzlane", "bluefinch", "tidalmoss", "ember-kite", "northwillow", "copperfern", "saltmarsh"),
 }

@@ -225,9 +225,28 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     return out
 
 
+def held_out_words() -> set[str]:
+    """The value words of `laplace probe natural` and of the second held-out set (names,
+    places, foods, colors, jobs, weekdays, words; numbers are drawn fresh, never listed)."""
+    from agent.probes.natural_text import HELDOUT_VALUES
+    from recipes.answer.heldout2 import HELDOUT2_VALUES
+
+    return {v.lower() for pools in (HELDOUT_VALUES, HELDOUT2_VALUES) for kind, vs in pools.items()
+            if kind not in ("month", "time24") for v in vs}
+
+
+def clean_anchors(anchors: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Anchors whose request and reply hold no held-out value: a teacher reply that happens
+    to name a probe's city ("Kyoto") would put that value in training."""
+    held = held_out_words()
+    return [(q, a) for q, a in anchors if not any(mentions(q + " " + a, v) for v in held)]
+
+
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), **mix: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors)}
+    given = len(anchors)
+    anchors = clean_anchors(anchors)
+    stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
     for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
         rows = dialogues(n, s, concepts, anc, **mix)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:

@@ -12,7 +12,7 @@ Resumable and batched: requests already in `--out` (answered or dropped) are ski
 batch of `--batch` requests is appended and flushed as it finishes, and `--limit N` stops
 after N new requests; rerun the same command to continue. Greedy, at most `REPLY_TOKENS`
 tokens; a reply cut before its end is trimmed to its last full sentence, and a reply that
-repeats a sentence (greedy decoding's loop) or is too short is dropped (recorded with
+repeats a sentence, a line or a run of words (greedy decoding's loops) or is too short is dropped (recorded with
 `"reply": null`, so it is not retried), so the model is never taught to loop or to stop
 mid-thought.
 """
@@ -24,6 +24,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -54,9 +55,17 @@ def clean(text: str, ended: bool) -> str | None:
     if reply is None:
         return None
     sentences = [s.strip().lower() for s in _SENTENCE.split(reply) if len(s.strip()) > 10]
-    if len(sentences) != len(set(sentences)):
+    if len(sentences) != len(set(sentences)) or loops(reply):
         return None
     return reply
+
+
+def loops(text: str) -> bool:
+    """A greedy loop: a line said three times ("- A ruler"), or a run of five words three times."""
+    lines = Counter(x.strip().lower() for x in text.splitlines() if len(x.strip()) > 3)
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    grams = Counter(tuple(words[i : i + 5]) for i in range(len(words) - 4))
+    return any(n >= 3 for n in lines.values()) or any(n >= 3 for n in grams.values())
 
 
 def done_requests(path: Path) -> set[str]:

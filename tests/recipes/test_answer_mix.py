@@ -70,11 +70,16 @@ def test_generated_training_text_holds_no_held_out_phrasing_or_value(tmp_path: P
     words = _words(text)
     for pool in (HELDOUT_VALUES, HELDOUT2_VALUES):
         for kind, values in pool.items():
-            if kind in ("month", "weekday"):
-                continue  # dates are phrased with months/weekdays in small talk-free pools; checked by the pool test
+            if kind == "month":
+                continue  # the probe's months: training dates use the other six (the pool test checks it)
             for v in values:
                 assert v.lower() not in words, (kind, v)
     assert not any(r in msgs for r in HELDOUT_REQUESTS)
+    from recipes.answer.concepts import SMALL_TALK
+    fixed = " ".join(p for c in CONCEPTS for p in (*c.statements, *c.questions, *c.answers, *c.not_told))
+    fixed += " ".join(a + " " + b for a, b in SMALL_TALK) + " ".join(ANCHOR_REQUESTS)
+    from recipes.answer.mix import held_out_words
+    assert not held_out_words() & _words(fixed)  # no held-out value in any fixed training text either
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert set(stats["train"]["kinds"]) == {"window", "recall", "update", "anchor"}
     assert set(stats["eval"]["kinds"]) <= {"window", "recall", "update"}
@@ -90,6 +95,15 @@ def test_held_out_requests_are_never_anchors_nor_near_copies() -> None:
         for a in ANCHOR_REQUESTS:
             aw = _words(a)
             assert len(hw & aw) / len(hw | aw) < 0.75, (h, a)
+
+
+def test_anchors_naming_a_held_out_value_are_dropped(tmp_path: Path) -> None:
+    from recipes.answer.mix import clean_anchors
+
+    kept = clean_anchors([*ANCHORS, ("Name a city in Japan.", "Kyoto is lovely in autumn."), ("Pick a colour.", "Go with coral.")])
+    assert kept == ANCHORS  # Kyoto: the probe's; coral: the second held-out set's
+    stats = write(tmp_path, train=10, eval_n=2, seed=0, anchors=[*ANCHORS, ("Name a city in Japan.", "Kyoto is lovely.")])
+    assert stats["anchors"] == 2 and stats["anchors_dropped_for_held_out_values"] == 1
 
 
 def test_invented_claims_are_recognised() -> None:
@@ -216,6 +230,9 @@ def test_teacher_replies_are_cleaned() -> None:
     assert clean("Heat a pan. Crack the egg in.", True) == "Heat a pan. Crack the egg in."
     assert clean("Heat a pan and add oil. Crack the egg in and wait for a bit", False) == "Heat a pan and add oil."
     assert clean("I like the sea very much. I like the sea very much. I like", False) is None  # a greedy loop
+    assert clean("You will need:\n\n- A ruler\n- A pencil\n- A ruler\n- A ruler\n\nThen fold it.", True) is None
+    assert clean("A mix with a twist of a traditional breakfast, then a twist of a traditional breakfast again, "
+                 "and a twist of a traditional breakfast.", True) is None
 
 
 def test_teacher_resumes_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
