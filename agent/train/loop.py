@@ -152,14 +152,14 @@ class Trainer:
     def _check_memory(self) -> None:
         """Refuse, before any data is read, a run whose estimated peak exceeds the memory
         available (one line: what it needs, what there is, the way out)."""
+        est = self._estimate(self.micro)
+        self.memory_estimate = est
         if self.device.type != "cpu":
             return  # accelerator memory is the device's; its own allocator reports a shortfall
-        est = self._estimate(self.micro)
         avail = available_bytes()
-        self.memory_estimate = est
         if avail is not None and est.total > FIT_MARGIN * avail:
             raise TrainConfigError(
-                f"this run needs {est.describe()} but {avail / 2**30:.1f} GB is available; use "
+                f"this run needs {est.describe()} but {avail / 2**30:.1f} GB is available; way out: "
                 f"{fit_advice(est, seq_len=self.seq_len, micro=self.micro, recompute=self.cfg.recompute, tune=self.cfg.tune)}")
 
     def _build_model(self) -> None:

@@ -94,7 +94,7 @@ def test_a_run_that_does_not_fit_is_refused_before_reading_data(tmp_path: Path, 
     monkeypatch.setenv("LAPLACE_TRAIN_MEMORY_GB", "0.05")
     cfg = TrainConfig(data=(str(tmp_path / "missing.txt"),), out=str(tmp_path / "o"), base="tiny", steps=1, seq_len=512,
                       batch_tokens=2048, micro_batch=4, recompute=False)
-    with pytest.raises(TrainConfigError, match=r"needs ~.* GB .* but 0\.0 GB is available; use drop --no-recompute, or --micro-batch 1"):
+    with pytest.raises(TrainConfigError, match=r"needs ~.* GB .* but 0\.0 GB is available; way out: drop --no-recompute, or --micro-batch 1"):
         Trainer(cfg).run()  # the data file does not exist: the memory check came first
     assert not (tmp_path / "o").exists()
 
@@ -129,3 +129,11 @@ def test_the_memory_bench_says_when_the_default_model_is_not_built(tmp_path: Pat
     assert "finetune-memory" in registry()
     r = bench_finetune_memory(True, models_dir=str(tmp_path))
     assert "not built" in r["skipped"] and r["rows"] == []
+
+
+def test_recompute_off_survives_the_torchrun_argv() -> None:
+    from agent.train.__main__ import config_to_argv, parse_config
+
+    cfg = TrainConfig(data=("a",), out="o", base="tiny", steps=3, recompute=False, micro_batch=1)
+    assert "--recompute" in config_to_argv(cfg)
+    assert parse_config(config_to_argv(cfg))[0] == cfg
