@@ -144,7 +144,13 @@ class Trainer:
         if self._base is not None and cfg.tune != "state":
             extra += n_params  # the caller's model stays as it was: the trainer works on a copy
         return estimate_peak_bytes(self.base.config, n_params=n_params, trainable=trainable, muon=muon, seq_len=self.seq_len,
-                                   micro=micro, recompute=cfg.recompute, extra_weights=extra)
+                                   micro=micro, recompute=self._recompute, extra_weights=extra)
+
+    @property
+    def _recompute(self) -> bool:
+        """--recompute, except on a caller's own model (`--tune state` trains beside it, not a
+        copy of it): its blocks' forward is never replaced behind the caller's back."""
+        return self.cfg.recompute and not (self.cfg.tune == "state" and self._base is not None)
 
     def _default_micro(self, rows: int) -> int:
         return default_micro_batch(rows, self._estimate)
@@ -202,7 +208,7 @@ class Trainer:
             trainable = self.initial
             split = ParamSplit(muon=[], adamw=list(self.initial.named_parameters()))
             names = dict(self.initial.named_parameters())
-        if cfg.recompute:
+        if self._recompute:
             enable_recompute(model)
         self.model, self.split = model, split
         self.param_names = {id(p): n for n, p in names.items()}
