@@ -27,15 +27,13 @@ from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, sa
 from agent.runtime.delta import read_delta, write_delta
 from agent.runtime.device import has_fast_bf16, parse_dtype, resolve_device
 from agent.runtime.model import build_model
-from agent.runtime.params import is_block_matrix
 from agent.runtime.state import tensor_bytes
 from agent.train import checkpoint as ckpt
 from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
-from agent.train.memory import (FIT_MARGIN, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_peak_bytes,
-                                fit_advice)
+from agent.train.memory import FIT_MARGIN, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_run, fit_advice
 from agent.train.lora import LoRALinear, attach_lora, load_lora_delta, lora_delta, merged_state_dict
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
@@ -127,24 +125,10 @@ class Trainer:
 
     def _estimate(self, micro: int) -> MemoryEstimate:
         """This run's peak memory estimate (agent/train/memory.py) at `micro` rows per pass."""
-        cfg, model = self.cfg, self.base.model
-        n_params = sum(p.numel() for p in model.parameters())
-        extra, muon = 0, 0
-        if cfg.tune == "all":
-            trainable = n_params
-            if cfg.optimizer == "muon":
-                muon = sum(p.numel() for n, p in model.named_parameters() if is_block_matrix(n, p))
-        elif cfg.tune == "lora":
-            targets = set(cfg.lora_target_names)
-            trainable = sum(cfg.lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
-                            if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets)
-            extra = trainable
-        else:
-            trainable = extra = sum(t.numel() for t in model.new_state(1).tensors.values())
-        if self._base is not None and cfg.tune != "state":
-            extra += n_params  # the caller's model stays as it was: the trainer works on a copy
-        return estimate_peak_bytes(self.base.config, n_params=n_params, trainable=trainable, muon=muon, seq_len=self.seq_len,
-                                   micro=micro, recompute=self._recompute, extra_weights=extra)
+        cfg = self.cfg
+        return estimate_run(self.base.model, self.base.config, tune=cfg.tune, muon=cfg.optimizer == "muon", lora_rank=cfg.lora_rank,
+                            lora_targets=cfg.lora_target_names, seq_len=self.seq_len, micro=micro, recompute=self._recompute,
+                            copied=self._base is not None and cfg.tune != "state")
 
     @property
     def _recompute(self) -> bool:

@@ -114,6 +114,30 @@ def default_micro_batch(rows: int, estimate: Callable[[int], MemoryEstimate]) ->
     return 1
 
 
+def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_rank: int, lora_targets: tuple[str, ...],
+                 seq_len: int, micro: int, recompute: bool, copied: bool) -> MemoryEstimate:
+    """`estimate_peak_bytes` for a run of `laplace finetune` on `model`: what trains (every
+    weight, LoRA adapters on `lora_targets`, or a learned initial state), whether Muon takes
+    the block matrices, and whether the trainer works on a copy of the model (`copied`)."""
+    from agent.runtime.params import is_block_matrix
+
+    n_params = sum(p.numel() for p in model.parameters())
+    extra, muon_numel = 0, 0
+    if tune == "all":
+        trainable = n_params
+        if muon:
+            muon_numel = sum(p.numel() for n, p in model.named_parameters() if is_block_matrix(n, p))
+    elif tune == "lora":
+        trainable = extra = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                                if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in lora_targets)
+    else:
+        trainable = extra = sum(t.numel() for t in model.new_state(1).tensors.values())
+    if copied:
+        extra += n_params
+    return estimate_peak_bytes(config, n_params=n_params, trainable=trainable, muon=muon_numel, seq_len=seq_len, micro=micro,
+                               recompute=recompute, extra_weights=extra)
+
+
 def available_bytes() -> int | None:
     """Memory this process can still use: MemAvailable, or a cgroup limit if lower; None
     where neither can be read (then nothing is checked)."""

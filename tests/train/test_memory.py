@@ -137,3 +137,15 @@ def test_recompute_off_survives_the_torchrun_argv() -> None:
     cfg = TrainConfig(data=("a",), out="o", base="tiny", steps=3, recompute=False, micro_batch=1)
     assert "--recompute" in config_to_argv(cfg)
     assert parse_config(config_to_argv(cfg))[0] == cfg
+
+
+def test_lora_needs_less_than_full_tuning_and_a_copy_costs_the_weights() -> None:
+    from agent.train.memory import estimate_run
+
+    c = PRESETS["smollm2-135m-window"]
+    model = build_model(c, device="meta")
+    kw = dict(lora_rank=8, lora_targets=("v_proj", "o_proj", "w1", "w2", "w3"), seq_len=1024, micro=1, recompute=True)
+    full = estimate_run(model, c, tune="all", muon=True, copied=False, **kw)
+    lora = estimate_run(model, c, tune="lora", muon=True, copied=False, **kw)
+    assert lora.grads == 4 * 1_981_440 and lora.total < full.total - 2**30  # no grads or optimizer state for frozen weights
+    assert estimate_run(model, c, tune="all", muon=True, copied=True, **kw).weights == 2 * full.weights
