@@ -147,5 +147,5 @@ def test_lora_needs_less_than_full_tuning_and_a_copy_costs_the_weights() -> None
     kw = dict(lora_rank=8, lora_targets=("v_proj", "o_proj", "w1", "w2", "w3"), seq_len=1024, micro=1, recompute=True)
     full = estimate_run(model, c, tune="all", muon=True, copied=False, **kw)
     lora = estimate_run(model, c, tune="lora", muon=True, copied=False, **kw)
-    assert lora.grads == 4 * 1_981_440 and lora.total < full.total - 2**30  # no grads or optimizer state for frozen weights
+    assert lora.grads == 4 * 1_981_440 and lora.total < full.total - 2**29  # no grads or optimizer state for frozen weights
     assert estimate_run(model, c, tune="all", muon=True, copied=True, **kw).weights == 2 * full.weights
