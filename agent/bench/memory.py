@@ -107,15 +107,14 @@ def bench_finetune_memory(quick: bool, models_dir: str | None = None) -> dict[st
     behaviour (no recompute, the whole step in one pass) at a length where that still fits.
 
     `quick` runs 1 step at 256 tokens per sequence; the full bench 2 default steps. Needs the
-    default model built (any `laplace chat` builds it)."""
+    default model built in `models_dir` (any `laplace chat` builds it); `laplace bench
+    finetune-memory` passes the user's."""
     import random
     import tempfile
     from pathlib import Path
 
-    from agent.settings import Settings
-
-    mdir = models_dir or str(Settings.from_env().models_dir)
-    if not (Path(mdir) / "default" / "config.json").is_file():
+    mdir = models_dir or ""
+    if not mdir or not (Path(mdir) / "default" / "config.json").is_file():
         return {"skipped": f"the default model is not built in {mdir}; run `laplace chat` once to build it", "rows": [], "summary": {}}
     seq = 256 if quick else 1024
     with tempfile.TemporaryDirectory(prefix="laplace-bench-ftmem-") as tmp:

@@ -149,3 +149,17 @@ def test_lora_needs_less_than_full_tuning_and_a_copy_costs_the_weights() -> None
     lora = estimate_run(model, c, tune="lora", muon=True, copied=False, **kw)
     assert lora.grads == 4 * 1_981_440 and lora.total < full.total - 2**29  # no grads or optimizer state for frozen weights
     assert estimate_run(model, c, tune="all", muon=True, copied=True, **kw).weights == 2 * full.weights
+
+
+def test_laplace_bench_passes_the_users_models_dir(tmp_path: Path) -> None:
+    from agent.cli import app
+
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(app, ["bench", "finetune-memory", "--quick", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    from agent.settings import Settings
+
+    res = json.loads(out.read_text())["results"]["finetune-memory"]
+    assert str(Settings.from_env().models_dir) in res["skipped"]  # the test home has no default model built
