@@ -249,3 +249,19 @@ def test_teacher_resumes_where_it_stopped(tmp_path: Path, monkeypatch: pytest.Mo
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["request"] for r in rows] == list(ANCHOR_REQUESTS[:5]) and first == list(ANCHOR_REQUESTS[:3])
     assert all(set(r) == {"request", "reply"} for r in rows)
+
+
+def test_measure_runs_the_probes_own_conversations_over_the_second_set() -> None:
+    from agent.probes import natural
+    from agent.runtime.checkpoint import load_model
+    from recipes.answer.measure import concept_set
+
+    lm = load_model("tiny")
+    with concept_set("heldout2"):
+        chosen = natural.plan(0, 0, len(HELDOUT2_CONCEPTS))
+        assert {c.name for c in chosen} == {c.name for c in HELDOUT2_CONCEPTS}
+        conv = natural.build_conversation(lm, chosen[0], 0, 0, 0)
+        assert conv.absent.name in {c.name for c in HELDOUT2_CONCEPTS}
+        pool = HELDOUT2_VALUES.get(conv.concept.kind)
+        assert conv.value in pool if pool else re.fullmatch(r"\d{6}", conv.value)
+    assert natural.CONCEPTS is PROBE_CONCEPTS  # put back
