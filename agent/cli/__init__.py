@@ -144,6 +144,12 @@ def bench(
         except ValueError as exc:
             raise fail(str(exc)) from None
         benches["llamacpp"] = lambda q: bench_llamacpp(q, shape=shape)
+    if "finetune-memory" in chosen:  # it trains the user's default model: settings are read here, at the edge
+        from functools import partial
+
+        from agent.bench.memory import bench_finetune_memory
+
+        benches["finetune-memory"] = partial(bench_finetune_memory, models_dir=str(settings_of(ctx).models_dir))
     if model is not None:  # the flags are checked: now build the default if it is the one asked for
         from agent.cli.models import ensure_model
 
