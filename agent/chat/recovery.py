@@ -98,7 +98,7 @@ def rebuild(service: Replaying, session: Session,
     """Replay the branch's stored ids into a fresh state, with progress, and store it at the
     head; returns that state, or None when `cancel` stopped it (then nothing is stored)."""
     head = prepare_rebuild(service, session)
-    state, done = service._fresh_state(), 0
+    state, done = service.fresh_state(), 0
     turns = replay(service.runner, service.store, session.id, head.id, state)
     while True:
         if cancel is not None and cancel.is_set():  # between segments: nothing is stored

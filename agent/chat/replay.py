@@ -15,7 +15,7 @@ single `prefill` would give.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from agent.chat.browse import guarded
 from agent.chat.types import ProgressEvent, StateUnusableError
@@ -27,8 +27,10 @@ if TYPE_CHECKING:
     from agent.runtime.state import RecurrentState
 
 
+@runtime_checkable
 class Replaying(Protocol):
-    """What a replay uses of `ChatService` (spelled out so this module need not import it)."""
+    """What a replay uses of `ChatService` and of `turns.TurnWriter` (spelled out so this
+    module need not import them); both satisfy it, which a test holds with isinstance."""
 
     store: SessionStore
     lm: LoadedModel
@@ -36,7 +38,7 @@ class Replaying(Protocol):
     model_id: str
     fingerprint: str
 
-    def _fresh_state(self) -> RecurrentState: ...
+    def fresh_state(self) -> RecurrentState: ...
 
     def _blob(self, state: RecurrentState) -> bytes: ...
 

@@ -81,7 +81,7 @@ class ChatService(SessionBrowsing):
         self.initial_state = initial_state
         self.fingerprint = self.writer.fingerprint  # covers a learned initial state too
 
-    def _fresh_state(self) -> RecurrentState:
+    def fresh_state(self) -> RecurrentState:
         return self.writer.fresh_state()
 
     # ---- session lifecycle --------------------------------------------------------------
