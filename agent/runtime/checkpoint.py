@@ -20,12 +20,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
                                  quantized_fingerprint)
-from agent.runtime.weights import Digest, WeightsFormatError, blocks, read_header, read_tensor
+from agent.runtime.weights import Digest, DigestCache, MappedFile, WeightsFormatError, blocks, read_header, read_tensor
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -129,11 +130,32 @@ def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
     return config, dict(meta.get("card") or {})
 
 
+class _SkipMetaInit(TorchFunctionMode):
+    """Build a model on the meta device without running its layers' initializers there.
+
+    `nn.Embedding` and `nn.Linear` initialize themselves in their constructors even on the
+    meta device, and torch runs a meta `normal_` through its Python reference, whose first
+    call imports torch._dynamo: 1-2 s of every load, for values that do not exist. A meta
+    tensor has no values, so an in-place initializer on one is skipped; any other call, and
+    any initializer on a real tensor, runs as usual. (A function mode is per thread.)"""
+
+    FILLS = frozenset({"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                       "xavier_normal_", "orthogonal_", "constant_", "zeros_", "ones_", "fill_", "zero_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # nn.init passes its tensor by keyword
+        if getattr(func, "__name__", "") in self.FILLS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
 def meta_model_for(config: LaplaceConfig, shapes: dict[str, tuple[int, ...]], *, where: str | Path) -> LaplaceModel:
     """The model of `config` on the meta device, once `shapes` (name -> shape of the tensors
     at hand) are exactly its own. A missing, extra or mis-shaped tensor is a ModelLoadError
     naming it and `where`."""
-    model = build_model(config, device="meta")
+    with _SkipMetaInit():
+        model = build_model(config, device="meta")
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing_t = sorted(set(expected) - set(shapes))
     extra_t = sorted(set(shapes) - set(expected))
@@ -184,7 +206,13 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
     modules = dict(model.named_modules())
     head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
-    digest = Digest()
+    # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
+    # load whose tensors are all mapped reads none of their bytes.
+    cache = DigestCache(file)
+    kind = str(torch.float32 if quant is not None else dtype)
+    known = cache.get(kind)
+    digest = Digest() if known is None else None
+    mapped = _mapped(file) if quant is None else None
     plain: dict[str, torch.Tensor] = {}
     try:
         with open(file, "rb") as f:
@@ -193,14 +221,25 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
                 owner, _, leaf = name.rpartition(".")
                 module = modules.get(owner)
                 if quant is None or leaf != "weight" or not (type(module) is nn.Linear or module is model.embed):
-                    plain[name] = read_tensor(f, info, dtype if info.dtype.is_floating_point else info.dtype, digest,
-                                              column_major=decode_layout and name == head)
+                    keep = dtype if info.dtype.is_floating_point else info.dtype
+                    column_major = decode_layout and name == head
+                    if mapped is not None and info.dtype == keep and MappedFile.can_map(info):
+                        view = mapped.tensor(info)  # a view of the file: no copy, nothing read yet
+                        if digest is not None:
+                            digest.tensor(name, view)
+                        # The decode layout is one copy, made by torch's blocked transpose
+                        # (a row-by-row fill of a column-major tensor took 3x as long).
+                        plain[name] = view.t().contiguous().t() if column_major and view.dim() == 2 else view
+                    else:
+                        plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
                     continue
                 q = torch.empty(info.shape, dtype=torch.int8)
                 scale = torch.empty(info.shape[0], dtype=torch.float32)
-                digest.begin(name, info.shape, torch.float32)
+                if digest is not None:
+                    digest.begin(name, info.shape, torch.float32)
                 for r, block in blocks(f, info, torch.float32):
-                    digest.update(block)
+                    if digest is not None:
+                        digest.update(block)
                     q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
                 if module is model.embed:
                     model.embed = Int8Embedding(q, scale)
@@ -220,7 +259,20 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
-    return model, digest.hexdigest()
+    if digest is not None:
+        known = digest.hexdigest()
+        cache.put(kind, known)
+    assert known is not None
+    return model, known
+
+
+def _mapped(file: Path) -> MappedFile | None:
+    """The file mapped for tensors kept in its dtype, or None where it cannot be mapped
+    (then every tensor is read)."""
+    try:
+        return MappedFile(file)
+    except (OSError, ValueError):
+        return None
 
 
 def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
