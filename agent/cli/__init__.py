@@ -33,6 +33,10 @@ def _root(ctx: typer.Context) -> None:
         ctx.obj = Settings.from_env()
     except SettingsError as exc:
         raise fail(str(exc)) from None
+    if ctx.obj.timings:
+        from agent import timings
+
+        timings.enable()
 
 
 @app.command()

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
@@ -290,11 +291,13 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     if quant is not None and torch.device(device).type != "cpu":
         raise ValueError("int8 weights are for fp32 models on the CPU; use --device cpu and no other dtype")
     decode_layout = decode_layout and torch.device(device).type == "cpu"
-    model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant, decode_layout=decode_layout)
-    model = model.to(device=device).eval()
+    with timings.phase("weights (mapped where kept in the file's dtype)"):
+        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant, decode_layout=decode_layout)
+        model = model.to(device=device).eval()
     try:
-        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
-        template = load_chat_template(root / "chat_template.json")
+        with timings.phase("tokenizer and chat template"):
+            tokenizer = Tokenizer.from_file(root / "tokenizer.json")
+            template = load_chat_template(root / "chat_template.json")
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelLoadError(f"tokenizer or chat template in {root} is invalid ({exc})") from None
     if tokenizer.vocab_size > config.vocab_size:
