@@ -151,12 +151,18 @@ class _SkipMetaInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def meta_model(config: LaplaceConfig) -> LaplaceModel:
+    """The model of `config` on the meta device (shapes only), built without running any
+    initializer (`_SkipMetaInit`): what counting, checking and loading should build."""
+    with _SkipMetaInit():
+        return build_model(config, device="meta")
+
+
 def meta_model_for(config: LaplaceConfig, shapes: dict[str, tuple[int, ...]], *, where: str | Path) -> LaplaceModel:
     """The model of `config` on the meta device, once `shapes` (name -> shape of the tensors
     at hand) are exactly its own. A missing, extra or mis-shaped tensor is a ModelLoadError
     naming it and `where`."""
-    with _SkipMetaInit():
-        model = build_model(config, device="meta")
+    model = meta_model(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing_t = sorted(set(expected) - set(shapes))
     extra_t = sorted(set(shapes) - set(expected))
