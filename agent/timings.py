@@ -3,7 +3,8 @@
 `LAPLACE_TIMINGS=1 laplace ask -c "..."` breaks the first-token latency of a resumed
 session into its parts (start-up, imports, model load, state load, hash chain, recall
 refresh, prefill, first token). The CLI turns recording on (`enable`) when the settings
-ask for it; off, `phase` and `mark` cost one check. Times are seconds since the process
+ask for it and prints the report when the command ends (`finish`); off, `phase` and
+`mark` cost one check. Times are seconds since the process
 started (read from /proc where there is one, else since this module was imported), so
 the interpreter's own start-up and the imports before any phase are counted too.
 Stdlib only: every layer may record phases without importing anything heavy.
@@ -11,7 +12,6 @@ Stdlib only: every layer may record phases without importing anything heavy.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import time
@@ -68,19 +68,24 @@ class Recorder:
 _recorder = Recorder()  # one per process: the CLI switches it on, any layer records into it
 
 
-def enable(stream: TextIO | None = None) -> Recorder:
-    """Start recording; the report goes to `stream` (stderr) when the process exits."""
+def enable() -> Recorder:
+    """Start recording (the CLI does, for LAPLACE_TIMINGS=1)."""
     rec = _recorder
     if not rec.on:
-        rec.on, rec.origin = True, _process_start()
+        rec.on, rec.origin, rec.phases, rec._depth = True, _process_start(), [], 0
         rec.phases.append(Phase("start-up (interpreter, laplace's CLI imports)", 0.0, rec.now(), 0))
-        atexit.register(_print_report, rec, stream)
     return rec
 
 
-def _print_report(rec: Recorder, stream: TextIO | None) -> None:
-    sys.stdout.flush()  # after what the command printed, not inside it
+def finish(stream: TextIO | None = None) -> None:
+    """Print the report to `stream` (stderr), after what the command printed, and stop
+    recording; nothing when recording is off."""
+    rec = _recorder
+    if not rec.on:
+        return
+    sys.stdout.flush()
     print(rec.report(), file=stream or sys.stderr, flush=True)
+    rec.on, rec.phases = False, []
 
 
 def enabled() -> bool:

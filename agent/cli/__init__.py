@@ -37,6 +37,7 @@ def _root(ctx: typer.Context) -> None:
         from agent import timings
 
         timings.enable()
+        ctx.call_on_close(timings.finish)  # after the command, whichever way it ends
 
 
 @app.command()
