@@ -194,10 +194,11 @@ class MappedFile:
 
 
 class DigestCache:
-    """The weights' digest of a model file, kept in a JSON file beside it, valid while the
-    file is the same: same device, inode, size, modification and change time (a change time
-    cannot be set back by touch or a copy tool, so an edited or replaced file misses). A
-    model directory that cannot be written simply has no cache."""
+    """Digests of a file of a model directory (the weights', the tokenizer's), kept in one
+    JSON file beside it, each valid while its file is the same: same device, inode, size,
+    modification and change time (a change time cannot be set back by touch or a copy tool,
+    so an edited or replaced file misses). A directory that cannot be written simply has
+    no cache."""
 
     NAME = ".laplace-digest.json"
 
@@ -207,26 +208,29 @@ class DigestCache:
         st = os.stat(self.file)
         self._key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
-    def get(self, kind: str) -> str | None:
+    def _read(self) -> dict:  # type: ignore[type-arg]
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, kind: str) -> str | None:
+        entry = self._read().get(self.file.name)
+        if not isinstance(entry, dict) or entry.get("file") != self._key or not isinstance(entry.get("digests"), dict):
             return None
-        if not isinstance(data, dict) or data.get("file") != self._key:
-            return None
-        value = (data.get("digests") or {}).get(kind)
+        value = entry["digests"].get(kind)
         return value if isinstance(value, str) and len(value) == 64 else None
 
     def put(self, kind: str, digest: str) -> None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            digests = data.get("digests", {}) if isinstance(data, dict) and data.get("file") == self._key else {}
-        except (OSError, ValueError):
-            digests = {}
-        digests = {**digests, kind: digest} if isinstance(digests, dict) else {kind: digest}
+        data = self._read()
+        entry = data.get(self.file.name)
+        digests = entry["digests"] if isinstance(entry, dict) and entry.get("file") == self._key \
+            and isinstance(entry.get("digests"), dict) else {}
+        data[self.file.name] = {"file": self._key, "digests": {**digests, kind: digest}}
         tmp = self.path.with_name(f"{self.NAME}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"file": self._key, "digests": digests}), encoding="utf-8")
+            tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
             tmp.replace(self.path)
         except OSError:  # a read-only model directory: no cache, the digest is computed each load
             tmp.unlink(missing_ok=True)

@@ -3,6 +3,7 @@ the file; and building the meta model no longer imports torch._dynamo (1-2 s a l
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,7 +101,9 @@ def test_a_changed_file_misses_the_cache(model_dir):
 def test_a_damaged_or_foreign_cache_is_ignored(model_dir):
     truth = load_model_dir(model_dir).fingerprint
     cache = model_dir / weights.DigestCache.NAME
-    for text in ("not json", "[]", '{"file": "0:0:0:0:0", "digests": {"torch.float32": "' + "0" * 64 + '"}}'):
+    stale = {"file": "0:0:0:0:0", "digests": {"torch.float32": "0" * 64, "tokenizer": "0" * 64}}
+    for text in ("not json", "[]", '{"model.safetensors": 3}',
+                 json.dumps({"model.safetensors": stale, "tokenizer.json": stale})):
         cache.write_text(text)
         assert load_model_dir(model_dir).fingerprint == truth
 
@@ -124,3 +127,14 @@ def test_loading_does_not_import_dynamo(model_dir):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_changed_tokenizer_misses_its_cached_digest(model_dir):
+    first = load_model_dir(model_dir)
+    assert "tokenizer.json" in json.loads((model_dir / weights.DigestCache.NAME).read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    tok["added_tokens"][-1]["content"] = "<|renamed|>"  # same size, another tokenizer
+    (model_dir / "tokenizer.json").write_text(json.dumps(tok))
+    second = load_model_dir(model_dir)
+    assert second.fingerprint != first.fingerprint
+    assert second.fingerprint == checkpoint.fingerprint(second.model, second.tokenizer, second.template)
