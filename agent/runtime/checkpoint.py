@@ -189,7 +189,7 @@ def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], 
 
 
 def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = torch.float32,
-                    quant: str | None = None, decode_layout: bool = False) -> tuple[LaplaceModel, str]:
+                    quant: str | None = None, decode_layout: bool = False, cache: bool = True) -> tuple[LaplaceModel, str]:
     """(model, weights digest): the model of `config` read from a safetensors file tensor
     by tensor (`weights.py`), each straight into its final form: `dtype`, or with `quant`
     ("int8") every matmul weight int8 as `quant.quantize_int8_` makes it, built from fp32
@@ -200,7 +200,10 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     column-major, same values and shape: a batch-1 step's `h @ W.t()` then streams a
     contiguous [d_model, vocab] matrix, which CPU BLAS (MKL here) reads 1.3-2.3x faster
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
-    training and sharding expect contiguous parameters."""
+    training and sharding expect contiguous parameters.
+
+    `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
+    an unchanged file need not read it."""
     if quant is not None and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if quant is not None:
@@ -217,9 +220,9 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
     # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
     # load whose tensors are all mapped reads none of their bytes.
-    cache = DigestCache(file)
+    digests = DigestCache(file, enabled=cache)
     kind = str(torch.float32 if quant is not None else dtype)
-    known = cache.get(kind)
+    known = digests.get(kind)
     digest = Digest() if known is None else None
     mapped = _mapped(file) if quant is None else None
     plain: dict[str, torch.Tensor] = {}
@@ -270,7 +273,7 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
     if digest is not None:
         known = digest.hexdigest()
-        cache.put(kind, known)
+        digests.put(kind, known)
     assert known is not None
     return model, known
 
@@ -299,8 +302,11 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     if quant is not None and torch.device(device).type != "cpu":
         raise ValueError("int8 weights are for fp32 models on the CPU; use --device cpu and no other dtype")
     decode_layout = decode_layout and torch.device(device).type == "cpu"
+    # No cache files written into the package's own models (the demo is small to hash).
+    cache = PACKAGED_MODELS.resolve() not in root.resolve().parents
     with timings.phase("weights (mapped where kept in the file's dtype)"):
-        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant, decode_layout=decode_layout)
+        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
+                                        decode_layout=decode_layout, cache=cache)
         model = model.to(device=device).eval()
     try:
         with timings.phase("tokenizer and chat template"):
@@ -313,7 +319,7 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     lm = LoadedModel(model, tokenizer, template, name=card.get("name", root.name), path=root, card=card)
     # The tokenizer's digest (of its re-serialized JSON: 0.1-0.2 s for a 50k vocabulary) is
     # cached beside tokenizer.json the way the weights' is.
-    tok_cache = DigestCache(root / "tokenizer.json")
+    tok_cache = DigestCache(root / "tokenizer.json", enabled=cache)
     tok_digest = tok_cache.get("tokenizer")
     if tok_digest is None:
         tok_digest = tokenizer.digest()

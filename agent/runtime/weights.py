@@ -202,9 +202,10 @@ class DigestCache:
 
     NAME = ".laplace-digest.json"
 
-    def __init__(self, file: str | Path) -> None:
+    def __init__(self, file: str | Path, *, enabled: bool = True) -> None:
         self.file = Path(file)
         self.path = self.file.parent / self.NAME
+        self.enabled = enabled  # off: every get misses and nothing is written
         st = os.stat(self.file)
         self._key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
@@ -216,6 +217,8 @@ class DigestCache:
         return data if isinstance(data, dict) else {}
 
     def get(self, kind: str) -> str | None:
+        if not self.enabled:
+            return None
         entry = self._read().get(self.file.name)
         if not isinstance(entry, dict) or entry.get("file") != self._key or not isinstance(entry.get("digests"), dict):
             return None
@@ -223,6 +226,8 @@ class DigestCache:
         return value if isinstance(value, str) and len(value) == 64 else None
 
     def put(self, kind: str, digest: str) -> None:
+        if not self.enabled:
+            return
         data = self._read()
         entry = data.get(self.file.name)
         digests = entry["digests"] if isinstance(entry, dict) and entry.get("file") == self._key \

@@ -138,3 +138,14 @@ def test_a_changed_tokenizer_misses_its_cached_digest(model_dir):
     second = load_model_dir(model_dir)
     assert second.fingerprint != first.fingerprint
     assert second.fingerprint == checkpoint.fingerprint(second.model, second.tokenizer, second.template)
+
+
+def test_no_cache_is_written_into_the_packaged_models():
+    from agent.runtime.checkpoint import PACKAGED_MODELS, load_model
+
+    demo = PACKAGED_MODELS / "demo"
+    if not (demo / "config.json").is_file():
+        pytest.skip("no packaged demo model")
+    (demo / weights.DigestCache.NAME).unlink(missing_ok=True)
+    assert load_model("demo").fingerprint
+    assert not (demo / weights.DigestCache.NAME).exists()
