@@ -241,7 +241,12 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
                             digest.tensor(name, view)
                         # The decode layout is one copy, made by torch's blocked transpose
                         # (a row-by-row fill of a column-major tensor took 3x as long).
-                        plain[name] = view.t().contiguous().t() if column_major and view.dim() == 2 else view
+                        if column_major and view.dim() == 2:
+                            plain[name] = view.t().contiguous().t()
+                            del view
+                            mapped.release(info)  # the copy is what runs: the file's rows leave the RSS
+                        else:
+                            plain[name] = view
                     else:
                         plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
                     continue

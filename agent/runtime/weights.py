@@ -192,6 +192,18 @@ class MappedFile:
         n = info.nbytes // torch.empty(0, dtype=info.dtype).element_size()
         return torch.frombuffer(self._mm, dtype=info.dtype, count=n, offset=info.start).view(info.shape)
 
+    def release(self, info: TensorInfo) -> None:
+        """Give back the pages of a tensor that was copied out (the decode layout's head),
+        so they stop counting in this process's resident set. Only whole pages inside the
+        tensor are dropped; none was written, so a later read would fetch the file again."""
+        if not (hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")):
+            return
+        page = mmap.PAGESIZE
+        start = -(-info.start // page) * page
+        end = (info.start + info.nbytes) // page * page
+        if end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
 
 class DigestCache:
     """Digests of a file of a model directory (the weights', the tokenizer's), kept in one

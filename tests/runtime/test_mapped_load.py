@@ -149,3 +149,17 @@ def test_no_cache_is_written_into_the_packaged_models():
     (demo / weights.DigestCache.NAME).unlink(missing_ok=True)
     assert load_model("demo").fingerprint
     assert not (demo / weights.DigestCache.NAME).exists()
+
+
+def test_the_decode_layout_head_is_a_copy_and_its_mapped_rows_are_given_back(model_dir):
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs Linux's /proc/self/maps")
+    plain = load_model_dir(model_dir)
+    lm = load_model_dir(model_dir, decode_layout=True)
+    ranges = _mapped_ranges((model_dir / "model.safetensors").resolve())
+    untied = lm.model.lm_head is not None
+    head = lm.model.lm_head.weight if untied else lm.model.embed.weight  # tied: the embedding is the head
+    same = plain.model.lm_head.weight if untied else plain.model.embed.weight
+    assert head.stride() == (1, head.shape[0]) and not _in_file(head, ranges)
+    assert torch.equal(head, same)  # the same values, and still readable after the release
+    assert lm.fingerprint == plain.fingerprint
