@@ -12,6 +12,9 @@ relative row difference (`state_compare.compare`) and the largest elementwise di
 then the same against replays of transcripts with one token changed (1 and 100 tokens
 before the end, and half way) or one token missing (100 before the end).
 
+Measured (all under load on the shared 2-core machine; the numbers, not the seconds, count):
+see the table in `agent/runtime/state_compare.py` beside ROW_TOLERANCE.
+
 Random models (`--mixer`) are built at realistic widths (gla: laplace-125m's; ssd: the same
 widths on the Mamba-2 mixer; window: SmolLM2-135M's hybrid, all 30 layers) with a 4,096
 vocabulary, since the head does not touch the state. Prints one JSON object per case.
@@ -24,6 +27,7 @@ import dataclasses
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -93,15 +97,14 @@ def main() -> None:
     ap.add_argument("--reply", type=int, default=16)
     ap.add_argument("--no-corrupt", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if not (args.mixer or args.model):
+        ap.error("give --mixer gla|ssd|window or --model NAME")
     t0 = time.perf_counter()
     if args.model:
         from agent.runtime.checkpoint import load_model
 
         lm = load_model(args.model)
         model, config, label = lm.model, lm.config, args.model
-        from pathlib import Path
-
         # Ordinary English and code: this package's own sources, as many as the length needs.
         text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(Path(__file__).parents[2].glob("agent/*/*.py")))
         ids = lm.tokenizer.encode(text)[: args.tokens]
