@@ -13,7 +13,9 @@ then the same against replays of transcripts with one token changed (1 and 100 t
 before the end, and half way) or one token missing (100 before the end).
 
 Measured (all under load on the shared 2-core machine; the numbers, not the seconds, count):
-see the table in `agent/runtime/state_compare.py` beside ROW_TOLERANCE.
+see the table in `agent/runtime/state_compare.py` beside ROW_TOLERANCE; the rows printed
+are kept in verify_tolerance_rows.jsonl (gla, ssd, window at 1,024 and 4,096 tokens, then
+the default model at 1,024).
 
 Random models (`--mixer`) are built at realistic widths (gla: laplace-125m's; ssd: the same
 widths on the Mamba-2 mixer; window: SmolLM2-135M's hybrid, all 30 layers) with a 4,096
