@@ -65,6 +65,10 @@ class Recorder:
         return "\n".join(lines)
 
 
+# A long-running command (a server, a TUI session) records its start-up and then stops
+# adding phases, so recording never grows without bound.
+MAX_PHASES = 200
+
 _recorder = Recorder()  # one per process: the CLI switches it on, any layer records into it
 
 
@@ -96,7 +100,7 @@ def enabled() -> bool:
 def phase(name: str) -> Iterator[None]:
     """Time the block as `name` (nested phases are indented under it)."""
     rec = _recorder
-    if not rec.on:
+    if not rec.on or len(rec.phases) >= MAX_PHASES:
         yield
         return
     entry = Phase(name, rec.now(), None, rec._depth)
@@ -112,6 +116,6 @@ def phase(name: str) -> Iterator[None]:
 def mark(name: str, *, once: bool = True) -> None:
     """Record the moment `name` happened (with `once`, only its first time)."""
     rec = _recorder
-    if not rec.on or (once and any(p.name == name and p.seconds is None for p in rec.phases)):
+    if not rec.on or len(rec.phases) >= MAX_PHASES or (once and any(p.name == name and p.seconds is None for p in rec.phases)):
         return
     rec.phases.append(Phase(name, rec.now(), None, rec._depth))

@@ -52,3 +52,16 @@ def test_phases_nest_and_cost_nothing_when_off():
         out = io.StringIO()
         timings.finish(out)
     assert "outer" in out.getvalue() and "ignored" not in out.getvalue() and not timings.enabled()
+
+
+def test_a_long_running_command_stops_adding_phases():
+    rec = timings.enable()
+    try:
+        for i in range(timings.MAX_PHASES + 50):
+            with timings.phase(f"request {i}"):
+                pass
+        assert len(rec.phases) == timings.MAX_PHASES
+    finally:
+        import io
+
+        timings.finish(io.StringIO())
