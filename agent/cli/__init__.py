@@ -33,6 +33,11 @@ def _root(ctx: typer.Context) -> None:
         ctx.obj = Settings.from_env()
     except SettingsError as exc:
         raise fail(str(exc)) from None
+    if ctx.obj.timings:
+        from agent import timings
+
+        timings.enable()
+        ctx.call_on_close(timings.finish)  # after the command, whichever way it ends
 
 
 @app.command()
