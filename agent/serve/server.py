@@ -55,6 +55,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def shut_down(scheduler: Any, store: Any, timeout: float = 30.0) -> bool:
+    """Stop the scheduler, then close the store, but only once the scheduler's thread has
+    ended: closing SQLite under a thread still writing would fail it mid-transaction (or
+    worse). False when it is still running (the process is exiting; its daemon thread goes
+    with it, and the next start's lease takeover marks its replies cancelled)."""
+    if not scheduler.stop(timeout):
+        return False
+    store.close()
+    return True
+
+
 def make_server(app: Any, *, log_level: str = "warning", graceful_s: float = 5.0) -> Any:
     import uvicorn
 

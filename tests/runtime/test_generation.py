@@ -83,7 +83,7 @@ def test_sampling_options_validate():
 def _generate(lm, runner, opts, cancel_after=None):
     logits, state = runner.prefill(prompt(lm))
     cancel = threading.Event()
-    gen = Generation(runner, state, logits, opts, stop_ids=lm.template.stop_ids(lm.tokenizer), decode=lm.tokenizer.decode, cancel=cancel)
+    gen = Generation(runner, state, logits, opts, stop_ids=lm.template.stop_ids(lm.tokenizer), tokenizer=lm.tokenizer, cancel=cancel)
     out = []
     for tok in gen:
         out.append(tok)

@@ -9,7 +9,7 @@ import time
 import httpx
 import torch
 
-from agent.serve.compiling import compiled_runner, warm_up
+from agent.serve.compiling import compiled_runner
 
 from .conftest import running
 
@@ -44,7 +44,8 @@ def test_a_long_prompt_is_read_a_segment_at_a_time_between_decode_steps(db, endl
 def test_no_compile_after_warm_up(db, lm):
     torch._dynamo.reset()
     runner, log = compiled_runner(lm.model, widths=(1, 2, 4, 8), backend="eager", segment_len=32)
-    warm_up(runner, log)
+    runner.warm_up()
+    log.warm = True
     warmed = log.summary()["compiles"]
     assert warmed == len(runner.batch_widths) + len(runner.segment_buckets) and log.after_warmup == 0
     with running(db, lm, runner=runner, widths=(1, 2, 4, 8)) as server:
