@@ -166,6 +166,8 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
                 if event is None:
                     handle.cancel.set()
                     return Response(status_code=499)
+                if isinstance(event, Failed):  # the server stopped before it could finish: nothing more comes
+                    return error_response(event.error)
                 if isinstance(event, Finished):
                     break
             if event.status != "complete":
@@ -197,6 +199,10 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
             event = await handle.get()
             if isinstance(event, Delta):
                 yield sse(chunk({"content": event.text}))
+            elif isinstance(event, Failed):  # the server stopped before it could finish: nothing more comes
+                yield sse(event.error.body())
+                yield "data: [DONE]\n\n"
+                return
             elif isinstance(event, Finished):
                 if event.status == "complete":
                     yield sse(chunk({}, event.finish_reason, laplace=laplace_of(admitted, event)))

@@ -17,10 +17,10 @@ from .conftest import running
 def test_a_long_prompt_is_read_a_segment_at_a_time_between_decode_steps(db, endless, monkeypatch):
     with running(db, endless, segment_len=32) as server:
         runner, log = server.writer.runner, []
-        real_prefill, real_step = runner.prefill, runner.step
+        real_prefill, real_step = runner.prefill, runner.step_
         monkeypatch.setattr(runner, "prefill", lambda ids, state=None, progress=None: (
             log.append(("prefill", len(ids))), real_prefill(ids, state, progress))[1])
-        monkeypatch.setattr(runner, "step", lambda tokens, state: (log.append(("step", 0)), real_step(tokens, state))[1])
+        monkeypatch.setattr(runner, "step_", lambda tokens, state: (log.append(("step", 0)), real_step(tokens, state))[1])
         body = {"model": "tiny", "temperature": 0, "max_tokens": 3000, "stream": True,
                 "messages": [{"role": "user", "content": "keep going"}]}
         with httpx.Client(timeout=60) as http:
