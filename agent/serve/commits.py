@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+import threading
+from typing import Any, Iterator
 
 from agent.chat.taking import release
 from agent.chat.turns import FLUSH_EVERY_S, HEARTBEAT_EVERY_S
@@ -25,18 +26,31 @@ from agent.runtime.state import RecurrentState
 from agent.serve.protocol import ApiError
 from agent.serve.rows import Event, Failed, Finished, Handle, Row
 
-if TYPE_CHECKING:
-    from agent.serve.scheduler import Scheduler
-
 log = logging.getLogger("laplace.serve")
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length"}  # ours -> OpenAI's
 
 
 class Commits:
-    """Mixed into `Scheduler`: everything it writes to the store, on its own thread."""
+    """Mixed into `Scheduler`: everything it writes to the store, on its own thread. What it
+    uses of the scheduler is declared here (this module must not import that one)."""
+
+    writer: Any  # agent.chat.turns.TurnWriter
+    runner: Any
+    metrics: Any  # agent.serve.metrics.Metrics
+    _lock: threading.Lock
+    _held: list[tuple[Handle, Event]] | None
+    _batch: RecurrentState | None
+    _busy: set[int]
+    _waiting: Any  # deque[Row]
+    _prefilling: list[Row]
+    _draining: list[Row]
+    _decoding: list[Row]
+    _last_persist: float
+    _active: int
+    _pending: int
 
     @contextmanager
-    def _writes(self: Scheduler) -> Iterator[None]:
+    def _writes(self) -> Iterator[None]:
         """One transaction for the store writes inside; their events are sent once it commits."""
         if self._held is not None:  # already inside one
             yield
@@ -56,19 +70,19 @@ class Commits:
         for handle, event in held:
             handle.put(event)
 
-    def _send(self: Scheduler, handle: Handle, event: Event) -> None:
+    def _send(self, handle: Handle, event: Event) -> None:
         if self._held is not None:
             self._held.append((handle, event))
         else:
             handle.put(event)
 
-    def _row_state(self: Scheduler, row: Row) -> RecurrentState:
+    def _row_state(self, row: Row) -> RecurrentState:
         """The row's own state as batch 1 (a copy out of the batch when it lives there)."""
         state = self._batch.select(row.slot) if row.slot is not None and self._batch is not None else row.state
         state.n_tokens = row.read
         return state
 
-    def _finish(self: Scheduler, row: Row, status: str, *, error: str | None = None, fold: bool = True) -> None:
+    def _finish(self, row: Row, status: str, *, error: str | None = None, fold: bool = True) -> None:
         """Commit the row's turn with the state after it, release it, tell the client."""
         if row.done < len(row.prompt):  # stopped or failed before its prompt was read: no state to store
             fold = False
@@ -109,14 +123,14 @@ class Commits:
                                             "".join(row.shown), row.prompt_tokens, len(row.tokens), folded_tokens,
                                             final_error, timings))
 
-    def _drop(self: Scheduler, row: Row) -> None:
+    def _drop(self, row: Row) -> None:
         for group in (self._decoding, self._prefilling, self._draining):
             if row in group:
                 group.remove(row)
         if row in self._waiting:
             self._waiting.remove(row)
 
-    def _persist(self: Scheduler) -> None:
+    def _persist(self) -> None:
         """Flush due streaming text and renew due leases, one transaction for all rows."""
         now = time.monotonic()
         if now - self._last_persist < FLUSH_EVERY_S / 2:
