@@ -89,16 +89,22 @@ def start_session(writer: TurnWriter, *, system: str, name: str | None, options:
     return Taken(session, lease, options, writer.fresh_state(), list(ids))
 
 
-def take_session(writer: TurnWriter, ref: str | int, given: Mapping[str, object]) -> Taken:
+def take_session(writer: TurnWriter, ref: str | int, given: Mapping[str, object], *,
+                 checked: Mapping[int, int] | None = None) -> Taken:
     """A stored session, leased, with its newest snapshot and the ids stored after it.
-    Raises what `TurnWriter.open` raises (not found, busy, state unusable)."""
+    Raises what `TurnWriter.open` raises (not found, busy, state unusable).
+
+    `checked` maps session ids to the head turn this caller last left them at, its chain
+    already verified: a session still at that head (nobody wrote to it since) is not hashed
+    again, so a long session costs O(its history) once per server, not once per request."""
     session = writer.find(ref)
     lease = writer.lease(session)
     try:
         options, session = writer.adopt_options(session, given)
         fold_interrupted(writer, session, with_state=False)  # its ids stored; owed below like any turn
-        check_token_chain(writer.store, session)
         session = writer.find(session.id)
+        if checked is None or checked.get(session.id) != session.head_turn_id:
+            check_token_chain(writer.store, session)
         state, owed = _snapshot_and_rest(writer, session)
         return Taken(session, lease, options, state, owed)
     except BaseException:

@@ -54,7 +54,8 @@ def find_session(writer: TurnWriter, ref: str) -> Any:
                        code="ambiguous_session", param="session") from None
 
 
-def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: set[int], limits: Limits) -> tuple[Row, Admitted]:
+def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: set[int], limits: Limits,
+          checked: Mapping[int, int] | None = None) -> tuple[Row, Admitted]:
     """Store what `job` needs stored and return its row; raises ApiError or ChatError.
     Bookkeeping only: every id the model must read (the system prompt, turns stored after
     the newest snapshot, the message) is in the row's prompt, for the segmented prefill."""
@@ -84,7 +85,7 @@ def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: se
                 raise ApiError(409, f"session {session.uid[:8]} was made with model {session.model_id!r}; this server "
                                     f"runs {writer.model_id!r} (laplace serve -m {session.model_id})",
                                code="model_mismatch", param="session")
-            taken = take_session(writer, session.id, given)
+            taken = take_session(writer, session.id, given, checked=checked)
             lease, history = taken.lease, []
         session, options, state = taken.session, taken.options, taken.state
         stored = writer.store_message(session, req.message, options.refresh)
