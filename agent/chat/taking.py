@@ -18,6 +18,7 @@ start, read like any prompt.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -89,22 +90,49 @@ def start_session(writer: TurnWriter, *, system: str, name: str | None, options:
     return Taken(session, lease, options, writer.fresh_state(), list(ids))
 
 
-def take_session(writer: TurnWriter, ref: str | int, given: Mapping[str, object], *,
-                 checked: Mapping[int, int] | None = None) -> Taken:
-    """A stored session, leased, with its newest snapshot and the ids stored after it.
-    Raises what `TurnWriter.open` raises (not found, busy, state unusable).
+class Recent:
+    """What one writer left its sessions at: the head turn of each (its chain verified, as
+    this writer wrote it) and, for the `max_states` most recent, the state after that head.
 
-    `checked` maps session ids to the head turn this caller last left them at, its chain
-    already verified: a session still at that head (nobody wrote to it since) is not hashed
-    again, so a long session costs O(its history) once per server, not once per request."""
+    A session still at the head it was left at (nobody wrote to it since) is not hashed
+    again and, when its state is kept, not read back from the store either: a long session
+    costs O(its history) once per server, and a busy one no state load per request."""
+
+    def __init__(self, max_states: int = 16) -> None:
+        self.max_states = max_states
+        self.heads: dict[int, int] = {}
+        self.states: OrderedDict[int, tuple[int, RecurrentState]] = OrderedDict()
+
+    def left(self, session_id: int, head_turn_id: int, state: RecurrentState | None) -> None:
+        self.heads[session_id] = head_turn_id
+        self.states.pop(session_id, None)
+        if state is not None and self.max_states > 0:
+            self.states[session_id] = (head_turn_id, state)
+            while len(self.states) > self.max_states:
+                self.states.popitem(last=False)
+
+    def take_state(self, session_id: int, head_turn_id: int) -> RecurrentState | None:
+        """The kept state after `head_turn_id`, handed over (it is not kept twice)."""
+        kept = self.states.pop(session_id, None)
+        return kept[1] if kept is not None and kept[0] == head_turn_id else None
+
+
+def take_session(writer: TurnWriter, ref: str | int, given: Mapping[str, object], *,
+                 recent: Recent | None = None) -> Taken:
+    """A stored session, leased, with its newest snapshot and the ids stored after it.
+    Raises what `TurnWriter.open` raises (not found, busy, state unusable)."""
     session = writer.find(ref)
     lease = writer.lease(session)
     try:
         options, session = writer.adopt_options(session, given)
         fold_interrupted(writer, session, with_state=False)  # its ids stored; owed below like any turn
         session = writer.find(session.id)
-        if checked is None or checked.get(session.id) != session.head_turn_id:
+        ours = recent is not None and recent.heads.get(session.id) == session.head_turn_id
+        if not ours:
             check_token_chain(writer.store, session)
+        kept = recent.take_state(session.id, session.head_turn_id) if recent is not None and ours else None
+        if kept is not None:
+            return Taken(session, lease, options, kept, [])
         state, owed = _snapshot_and_rest(writer, session)
         return Taken(session, lease, options, state, owed)
     except BaseException:

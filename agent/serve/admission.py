@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from agent.chat.options import SessionOptions
-from agent.chat.taking import AmbiguousSessionError, find_unlisted, release, start_session, take_session
+from agent.chat.taking import AmbiguousSessionError, Recent, find_unlisted, release, start_session, take_session
 from agent.chat.turns import TurnWriter, check_text
 from agent.chat.types import ChatError, SessionBusyError, SessionNotFoundError, StateUnusableError
 from agent.runtime.reply import ReplySampler
@@ -55,7 +55,7 @@ def find_session(writer: TurnWriter, ref: str) -> Any:
 
 
 def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: set[int], limits: Limits,
-          checked: Mapping[int, int] | None = None) -> tuple[Row, Admitted]:
+          recent: Recent | None = None) -> tuple[Row, Admitted]:
     """Store what `job` needs stored and return its row; raises ApiError or ChatError.
     Bookkeeping only: every id the model must read (the system prompt, turns stored after
     the newest snapshot, the message) is in the row's prompt, for the segmented prefill."""
@@ -85,7 +85,7 @@ def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: se
                 raise ApiError(409, f"session {session.uid[:8]} was made with model {session.model_id!r}; this server "
                                     f"runs {writer.model_id!r} (laplace serve -m {session.model_id})",
                                code="model_mismatch", param="session")
-            taken = take_session(writer, session.id, given, checked=checked)
+            taken = take_session(writer, session.id, given, recent=recent)
             lease, history = taken.lease, []
         session, options, state = taken.session, taken.options, taken.state
         stored = writer.store_message(session, req.message, options.refresh)

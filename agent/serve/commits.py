@@ -41,7 +41,7 @@ class Commits:
     _held: list[tuple[Handle, Event]] | None
     _batch: RecurrentState | None
     _busy: set[int]
-    _checked: dict[int, int]
+    _recent: Any  # agent.chat.taking.Recent
     _waiting: Any  # deque[Row]
     _prefilling: list[Row]
     _draining: list[Row]
@@ -105,7 +105,7 @@ class Commits:
                                     fold=folded if fold else None)
             final_status, final_error = done.turn.status, done.turn.error
             folded_tokens = done.state.n_tokens if done.state is not None else done.turn.tokens_total
-            self._checked[row.session_id] = done.turn.id  # the chain to it is ours: no need to hash it again
+            self._recent.left(row.session_id, done.turn.id, done.state)  # our chain, our state: no need to reread
         except Exception as exc:  # the commit itself failed (lease lost, disk full): say so
             log.exception("committing reply %d of session %s failed", row.reply.turn.id, row.session_uid[:8])
             final_status, final_error, folded_tokens = "error", f"{type(exc).__name__}: {exc}", row.read

@@ -40,6 +40,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from agent.chat.options import SessionOptions
+from agent.chat.taking import Recent
 from agent.chat.turns import TurnWriter
 from agent.chat.types import ChatError
 from agent.runtime.state import RecurrentState
@@ -82,7 +83,7 @@ class Scheduler(Commits):
         self._pending = 0  # submitted, not yet in the batch
         self._active = 0  # in the batch (prefilling or decoding), or reading a cancelled prompt
         self._busy: set[int] = set()  # session ids with a request in flight
-        self._checked: dict[int, int] = {}  # session id -> the head its last reply here committed (chain verified)
+        self._recent = Recent(max_states=self.max_rows)  # heads this server left, and their states
         self._waiting: collections.deque[Row] = collections.deque()
         self._prefilling: list[Row] = []
         self._draining: list[Row] = []  # cancelled before their prompt was read: reading it, then committed
@@ -185,7 +186,7 @@ class Scheduler(Commits):
         try:
             with self.writer.store.core.transaction():  # a savepoint: all of this request's rows, or none
                 row, admitted = admit(self.writer, job, given=self.given, busy=self._busy, limits=self.limits,
-                                      checked=self._checked)
+                                      recent=self._recent)
         except ChatError as exc:
             self._refuse(job, api_error(exc))
             return

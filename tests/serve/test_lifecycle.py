@@ -157,19 +157,24 @@ def test_release_logs_a_lease_already_gone_and_reports_anything_else(caplog):
     assert levels == [(logging.INFO, False), (logging.ERROR, True)]
 
 
-def test_a_session_s_chain_is_hashed_again_only_when_someone_else_wrote_to_it(db, lm, monkeypatch):
+def test_a_session_is_hashed_and_loaded_again_only_when_someone_else_wrote_to_it(db, lm, monkeypatch):
     with running(db, lm) as server:
-        chain = server.writer.store.chain
-        real, calls = chain.check_chain, []
-        monkeypatch.setattr(chain, "check_chain", lambda *a, **k: (calls.append(a), real(*a, **k))[1])
+        store = server.writer.store
+        calls: dict[str, int] = {"chain": 0, "load": 0}
+        for name, obj, attr in (("chain", store.chain, "check_chain"), ("load", store.states, "load")):
+            real = getattr(obj, attr)
+            monkeypatch.setattr(obj, attr, lambda *a, _real=real, _name=name, **k: (
+                calls.__setitem__(_name, calls[_name] + 1), _real(*a, **k))[1])
         uid = ask(server, messages=[{"role": "user", "content": "one"}]).json()["session"]
         for text in ("two", "three"):
             assert ask(server, session=uid, messages=[{"role": "user", "content": text}]).status_code == 200
-        assert calls == []  # every turn since the session was made is this server's own
-        with SessionStore.open(db) as other:  # another writer adds a turn: its chain is checked again
+        assert calls == {"chain": 0, "load": 0}  # every turn since the session was made is this server's own
+        with server.store() as view:
+            assert_stored_state_is_a_replay(view, lm, uid)
+        with SessionStore.open(db) as other:  # another writer adds a turn: checked and loaded again
             other.turns.begin_turn(uid, role="user", content="from elsewhere",
                                    token_ids=lm.template.message(lm.tokenizer, "user", "from elsewhere"))
         assert ask(server, session=uid, messages=[{"role": "user", "content": "four"}]).status_code == 200
-        assert len(calls) == 1
+        assert calls == {"chain": 1, "load": 1}
         with server.store() as store:
             assert_stored_state_is_a_replay(store, lm, uid)
