@@ -80,8 +80,8 @@ class Scheduler(Commits):
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False  # set (under the lock) before the inbox is drained for the last time
-        self._pending = 0  # submitted, not yet in the batch
-        self._active = 0  # in the batch (prefilling or decoding), or reading a cancelled prompt
+        self._pending = 0  # submitted, not yet in the batch (or cancelled before it got there)
+        self._active = 0  # in the batch (prefilling or decoding, or cancelled while prefilling)
         self._busy: set[int] = set()  # session ids with a request in flight
         self._recent = Recent(max_states=self.max_rows)  # heads this server left, and their states
         self._waiting: collections.deque[Row] = collections.deque()
@@ -206,8 +206,7 @@ class Scheduler(Commits):
     def _activate(self) -> None:
         for row in [r for r in self._waiting if r.cancelled]:  # gone while waiting: read its prompt anyway
             self._waiting.remove(row)
-            self._start(row)
-            self._draining.append(row)
+            self._draining.append(row)  # still counted as waiting: clients that leave cannot flood the loop
         while self._waiting and len(self._prefilling) + len(self._decoding) < self.max_rows:
             row = self._waiting.popleft()
             self._start(row)
