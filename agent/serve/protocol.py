@@ -48,6 +48,8 @@ class ApiError(Exception):
     def kind(self) -> str:
         if self.status == 401:
             return "authentication_error"
+        if self.status == 403:
+            return "permission_error"
         if self.status == 404:
             return "not_found_error"
         if self.status == 429:
