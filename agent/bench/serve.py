@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ import httpx
 from agent.bench import loadgen
 
 ROOT = Path(__file__).resolve().parents[2]  # what the server process imports: this same code
+LOG_LINES = 200  # the server's last stderr lines kept (the report's `server_log`)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ class ServerProcess:
         self.log: list[str] = []
         self.url = self._wait()
         self.startup_s = time.monotonic() - self.t0
+        # Keep reading its stderr (the server logs errors there): a full pipe would block it.
+        threading.Thread(target=self._drain, name="pilot-server-log", daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            del self.log[:-LOG_LINES]
 
     def _wait(self, timeout: float = 900.0) -> str:
         deadline = time.monotonic() + timeout
@@ -335,6 +345,7 @@ def run_pilot(cfg: PilotConfig, out_dir: Path, *, models_dir: Path | None = None
         "phases": driven["details"],
         "numerics": numerics, "recall": _recall(driven["recall_loaded"], driven["recall_idle"]),
         "raw": driven["raw"],
+        "server_log": server.log[-LOG_LINES:],
     }
     result["summary"]["recall_under_load"] = result["recall"]["accuracy_under_load"]
     result["summary"]["recall_idle"] = result["recall"]["accuracy_idle"]

@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import torch
 
 from agent.serve.compiling import compiled_runner
@@ -41,7 +42,11 @@ def test_a_long_prompt_is_read_a_segment_at_a_time_between_decode_steps(db, endl
         assert sum(1 for g in gaps if any(kind == "step" for kind, _ in g)) >= len(gaps) - 2
 
 
-def test_no_compile_after_warm_up(db, lm):
+@pytest.mark.parametrize("model", ["lm", "window"])
+def test_no_compile_after_warm_up(db, model, request):
+    """Whatever mix of requests arrives, new sessions and continued ones (whose state left a
+    batch), on the GLA model and on the window hybrid (whose `pos` is all size-1 dims)."""
+    lm = request.getfixturevalue(model)
     torch._dynamo.reset()
     runner, log = compiled_runner(lm.model, widths=(1, 2, 4, 8), backend="eager", segment_len=32)
     runner.warm_up()
@@ -49,11 +54,16 @@ def test_no_compile_after_warm_up(db, lm):
     warmed = log.summary()["compiles"]
     assert warmed == len(runner.batch_widths) + len(runner.segment_buckets) and log.after_warmup == 0
     with running(db, lm, runner=runner, widths=(1, 2, 4, 8)) as server:
+        sessions: list[str] = []
+
         def ask(i):
-            r = httpx.post(server.base + "/chat/completions", timeout=120, json={
-                "model": "tiny", "max_tokens": 3 + 5 * (i % 4), "seed": i,
-                "messages": [{"role": "user", "content": "q" * (1 + 37 * i)}]})
+            body = {"model": "tiny", "max_tokens": 3 + 5 * (i % 4), "seed": i,
+                    "messages": [{"role": "user", "content": "q" * (1 + 37 * i)}]}
+            if sessions and i % 2:
+                body["session"] = sessions.pop()
+            r = httpx.post(server.base + "/chat/completions", timeout=120, json=body)
             assert r.status_code == 200, r.text
+            sessions.append(r.json()["session"])
 
         for wave in (3, 7, 1, 5):  # arrivals that make every width from 1 to 8 and back
             threads = [threading.Thread(target=ask, args=(i,)) for i in range(wave)]
