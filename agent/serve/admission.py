@@ -100,8 +100,12 @@ def admit(writer: TurnWriter, job: Job, *, given: Mapping[str, object], busy: se
     prompt = [*taken.owed, *history, *stored.recall_ids, *stored.user_ids, *reply.prefix]
     sampler = ReplySampler(sampling, make_generator(sampling.seed, "cpu"), stop_ids=writer.lm.template.stop_ids(
         writer.lm.tokenizer), tokenizer=writer.lm.tokenizer, prompt_tail=tail)
+    # A new session's system turn gets its state once the prompt has been read that far, as
+    # `laplace chat` stores it: a reply stopped before its commit then leaves a session that
+    # resumes from there, not one with no state at all.
+    marks = [(len(taken.owed), taken.session.head_turn_id)] if created else []
     row = Row(job=job, session_id=session.id, session_uid=session.uid, lease=lease, reply=reply, prompt=prompt,
-              state=state, sampler=sampler, prompt_tokens=len(prompt), read=state.n_tokens)
+              state=state, sampler=sampler, prompt_tokens=len(prompt), read=state.n_tokens, marks=marks)
     recall = None
     if stored.block is not None:
         recall = {"turn_id": stored.block.id, "tokens": stored.block.n_tokens}

@@ -77,6 +77,17 @@ class Commits:
         else:
             handle.put(event)
 
+    def _store_state(self, row: Row, turn_id: int) -> None:
+        """Store the row's state (batch 1, while it reads its prompt) as turn `turn_id`'s.
+        A cache like any snapshot: if it cannot be written, the turn is replayed later."""
+        state = row.state
+        state.n_tokens = row.read
+        try:
+            with self._writes():
+                self.writer.store.states.put(turn_id, self.writer._blob(state), self.writer._meta(state))
+        except Exception:
+            log.exception("storing the state of turn %d of session %s failed", turn_id, row.session_uid[:8])
+
     def _row_state(self, row: Row) -> RecurrentState:
         """The row's own state as batch 1 (a copy out of the batch when it lives there)."""
         state = self._batch.select(row.slot) if row.slot is not None and self._batch is not None else row.state

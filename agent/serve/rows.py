@@ -100,6 +100,7 @@ class Row:
     prompt_tokens: int
     read: int  # tokens the row's state has read
     done: int = 0  # prompt ids folded so far
+    marks: list[tuple[int, int]] = field(default_factory=list)  # (prompt offset, turn id): store the state there
     logits: Any = None  # [1, vocab]: what the next token is sampled from
     pending: int | None = None  # sampled and kept, not yet read by the state
     slot: int | None = None  # row index in the decode batch

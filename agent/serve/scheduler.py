@@ -222,6 +222,8 @@ class Scheduler(Commits):
                 self._prefilling.remove(row)
                 self._draining.append(row)
             take = min(budget, len(row.prompt) - row.done)
+            if row.marks and row.marks[0][0] > row.done:  # stop at a turn whose state is stored
+                take = min(take, row.marks[0][0] - row.done)
             t0 = time.perf_counter()
             try:
                 logits, row.state = self.runner.prefill(row.prompt[row.done:row.done + take], row.state)
@@ -233,6 +235,8 @@ class Scheduler(Commits):
             row.done += take
             row.read += take
             budget -= take
+            if row.marks and row.marks[0][0] == row.done:
+                self._store_state(row, row.marks.pop(0)[1])
             if row.done == len(row.prompt):
                 row.logits = logits
                 if row in self._draining:  # read to the end: commit the cancelled reply with its state

@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from agent.chat.taking import release
+from agent.runtime.generation import EagerRunner
+from agent.runtime.state import RecurrentState
 from agent.serve.protocol import ApiError, ChatRequest
 from agent.serve.rows import Failed, Handle
 from agent.serve.server import shut_down
@@ -64,6 +66,12 @@ def test_admission_runs_no_model_and_owed_turns_are_read_segment_by_segment(db, 
             assert_stored_state_is_a_replay(store, lm, new.json()["session"])
             assert_stored_state_is_a_replay(store, lm, uid)
             assert store.core.get_session(new.json()["session"]).system_prompt == long_system
+            root = store.tree.branch(new.json()["session"])[0]  # the system turn got its state, as chat stores it
+            snap = store.states.latest(new.json()["session"], root.id)
+            assert snap is not None and snap.turn_id == root.id and snap.n_tokens == root.tokens_total
+            stored = RecurrentState.from_bytes(store.states.load(snap, expected_fingerprint=lm.fingerprint))
+            _, ref = EagerRunner(lm.model, segment_len=64).prefill(store.tree.turn_token_ids(root.id))
+            assert stored.allclose(ref, rtol=1e-4, atol=1e-5)
         assert new.json()["usage"]["prompt_tokens"] > len(long_system)  # the system prompt was read for it
 
 
