@@ -1,9 +1,10 @@
-"""Running the app: the bearer token, the loopback rule, and uvicorn on a bound socket.
+"""Running the app: the bearer token, the loopback rule, uvicorn on a bound socket, and
+a shutdown that never closes the store under a scheduler still running.
 
 Loopback is the default bind and needs no token (like llama.cpp's server and ollama).
 Binding any other address exposes the sessions to the network, so it requires a bearer
 token: generated on first use (`secrets.token_urlsafe`), stored 0600 beside the database,
-and compared in constant time by the app.
+and checked, with the Host and Origin rules, by the app's access middleware (`access.py`).
 """
 
 from __future__ import annotations
