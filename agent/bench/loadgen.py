@@ -200,7 +200,8 @@ def summarize(name: str, outcomes: list[Outcome], wall: float, rate: float | Non
     tpot = [(sum(o.gaps)) / (o.completion_tokens - 1) for o in ok if o.completion_tokens > 1 and o.gaps]
     row: dict[str, Any] = {
         "phase": name, "rate_rps": rate, "requests": len(outcomes), "ok": len(ok),
-        "errors": len(outcomes) - len(ok), "completion_tokens": tokens, "wall_s": round(wall, 2),
+        "errors": len(outcomes) - len(ok), "refused": sum(1 for o in outcomes if 400 <= o.status < 500),
+        "completion_tokens": tokens, "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
     }
     for key, values in (("ttft", [o.ttft for o in ok if o.ttft is not None]), ("itl", [g for o in ok for g in o.gaps]),

@@ -4,9 +4,11 @@ It starts `laplace serve` (a real process, a fresh data directory, compiled over
 widths) and drives it over HTTP: a warm-up, the baseline (the same mix of requests one at a
 time), then Poisson arrivals at several rates (mixed prompt lengths and reply lengths, a
 share continuing stored sessions), with recall probes planted and asked through the server
-during the busiest phase and again on the idle server, and last as many users as the widest
-batch sending back to back (the most the server does; against the baseline, the gain from
-batching at equal pressure). Then, with the server stopped, the
+during the busiest phase and again on the idle server, and last closed loops of 1, 4 and 16
+users (`users`) each sending their next request as soon as the last one ends: what each
+user sees (TTFT, ITL) and what the server does (completion tokens/s) as users are added,
+and what one more user costs (the ITL p50 and tokens/s each added user changes), against
+one request at a time in the same run. Then, with the server stopped, the
 turns it served are replayed through an eager and a compiled runner in this process to
 measure the largest logit difference. One report: throughput, time to first token and
 inter-token latency p50/p95/p99, queue wait, the batch-width histogram and padding waste,
@@ -23,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ import httpx
 from agent.bench import loadgen
 
 ROOT = Path(__file__).resolve().parents[2]  # what the server process imports: this same code
+LOG_LINES = 200  # the server's last stderr lines kept (the report's `server_log`)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ class PilotConfig:
     max_requests_per_phase: int = 400
     replay_sessions: int = 8
     dtype: str = "float32"  # LAPLACE_DTYPE for the server, and the replay's dtype
+    users: tuple[int, ...] = (1, 4, 16)  # closed-loop phases: this many users back to back
+    max_queue: int = 1000  # the server's --max-queue (its default, 64, would turn the rate phases into 429s)
+    max_tokens: int = 4096  # the server's --max-tokens
+    max_prompt_tokens: int = 8192  # the server's --max-prompt-tokens
 
     @classmethod
     def quick(cls, **kw: Any) -> "PilotConfig":
@@ -74,7 +82,8 @@ class ServerProcess:
     def __init__(self, home: Path, model: str, cfg: PilotConfig) -> None:
         self.home = home
         args = ["serve", "-m", model, "--port", "0", "--widths", ",".join(map(str, cfg.widths)),
-                "--max-queue", "1000", "--max-tokens", "4096"]
+                "--max-queue", str(cfg.max_queue), "--max-tokens", str(cfg.max_tokens),
+                "--max-prompt-tokens", str(cfg.max_prompt_tokens)]
         if cfg.compile_backend != "none":
             args += ["--compile", "--compile-backend", cfg.compile_backend]
         env = {**os.environ, "LAPLACE_HOME": str(home), "LAPLACE_DTYPE": cfg.dtype, "PYTHONPATH": os.pathsep.join(
@@ -85,6 +94,14 @@ class ServerProcess:
         self.log: list[str] = []
         self.url = self._wait()
         self.startup_s = time.monotonic() - self.t0
+        # Keep reading its stderr (the server logs errors there): a full pipe would block it.
+        threading.Thread(target=self._drain, name="pilot-server-log", daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            del self.log[:-LOG_LINES]
 
     def _wait(self, timeout: float = 900.0) -> str:
         deadline = time.monotonic() + timeout
@@ -170,13 +187,15 @@ async def _drive(url: str, cfg: PilotConfig, model: str) -> dict[str, Any]:
             raw[f"rate_{rate:g}"] = loadgen.outcome_dicts(outcomes)
             if busiest:
                 loaded = side
-        clients = max(cfg.widths)
-        before = await stats()
-        outcomes, wall = await loadgen.closed_loop(http, clients=clients, duration=cfg.duration_s, rng=rng, model=model,
-                                                   sessions=sessions, start_index=100_000, deadline_s=cfg.phase_deadline_s)
-        rows.append(_phase(loadgen.summarize(f"{clients} users back to back", outcomes, wall, None),
-                           _diff_stats(before, await stats()), details))
-        raw["closed_loop"] = loadgen.outcome_dicts(outcomes)
+        for j, clients in enumerate(cfg.users):
+            before = await stats()
+            outcomes, wall = await loadgen.closed_loop(http, clients=clients, duration=cfg.duration_s, rng=rng,
+                                                       model=model, sessions=sessions, start_index=100_000 * (j + 1),
+                                                       deadline_s=cfg.phase_deadline_s)
+            name = f"{clients} user{'s' if clients > 1 else ''} back to back"
+            rows.append(_phase(loadgen.summarize(name, outcomes, wall, None) | {"users": clients},
+                               _diff_stats(before, await stats()), details))
+            raw[f"users_{clients}"] = loadgen.outcome_dicts(outcomes)
         idle = [await loadgen.ask_probe(http, p, model) for p in probes]
         final = await stats()
     return {"rows": rows, "raw": raw, "details": details, "recall_loaded": loaded, "recall_idle": idle, "server": final}
@@ -263,6 +282,23 @@ def compiled_vs_eager(model: str, db: Path, *, backend: str, width: int, session
             "replay_compiles": log.summary()["compiles"]}
 
 
+def one_more_user(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Between consecutive user counts: what each added user cost the others (ITL and TTFT
+    p50, ms per user) and added to the server (completion tokens/s per user)."""
+    out = []
+    for a, b in zip(rows, rows[1:]):
+        added = b["users"] - a["users"]
+
+        def per_user(key: str, scale: float = 1.0) -> float | None:
+            if a.get(key) is None or b.get(key) is None:
+                return None
+            return round((b[key] - a[key]) / added * scale, 2)
+
+        out.append({"from_users": a["users"], "to_users": b["users"], "itl_p50_ms_per_user": per_user("itl_p50_ms"),
+                    "ttft_p50_ms_per_user": per_user("ttft_p50_ms"), "tokens_per_s_per_user": per_user("tokens_per_s")})
+    return out
+
+
 def run_pilot(cfg: PilotConfig, out_dir: Path, *, models_dir: Path | None = None) -> dict[str, Any]:
     """Run the whole pilot and write the report; returns the JSON-able result."""
     from agent.bench.serve_report import write_report
@@ -284,6 +320,7 @@ def run_pilot(cfg: PilotConfig, out_dir: Path, *, models_dir: Path | None = None
     base = rows[0]["tokens_per_s"] or None
     for row in rows:
         row["gain_vs_one_at_a_time"] = round(row["tokens_per_s"] / base, 2) if base else None
+    user_rows = [r for r in rows if r.get("users")]
     server_stats = driven["server"]
     compile_info = server_stats.get("compile", {"backend": "none", "compiles": 0, "compiles_after_warmup": 0,
                                                 "compile_seconds": 0.0, "events": [], "warmup_seconds": {}})
@@ -300,11 +337,15 @@ def run_pilot(cfg: PilotConfig, out_dir: Path, *, models_dir: Path | None = None
             "max_abs_logit_diff": numerics.get("max_abs_logit_diff"),
             "recall_under_load": None, "recall_idle": None,
             "server_startup_s": round(server.startup_s, 1), "pilot_seconds": round(elapsed, 1),
+            "one_more_user": one_more_user(user_rows),
+            "refused": {r["phase"]: r["refused"] for r in rows if r.get("refused")},
         },
+        "limits": server_stats.get("limits", {}),
         "server": {k: v for k, v in server_stats.items() if k != "compile"}, "compile": compile_info,
         "phases": driven["details"],
         "numerics": numerics, "recall": _recall(driven["recall_loaded"], driven["recall_idle"]),
         "raw": driven["raw"],
+        "server_log": server.log[-LOG_LINES:],
     }
     result["summary"]["recall_under_load"] = result["recall"]["accuracy_under_load"]
     result["summary"]["recall_idle"] = result["recall"]["accuracy_idle"]

@@ -41,6 +41,14 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['phase']} | {r['requests']} | {r['ok']} | {r['tokens_per_s']:,.1f} | {r['gain_vs_one_at_a_time'] or '-'}x | "
             f"{' | '.join(trio)} | {r['decode_steps']} | {r['padding_waste']:.1%} | {r['continued_sessions']} |")
     comp, num, rec, srv = result["compile"], result["numerics"], result["recall"], result["server"]
+    more = s.get("one_more_user") or []
+    if more:
+        lines += ["", "What one more user costs (closed loops, per user added):", "",
+                  "| users | ITL p50 ms / user | TTFT p50 ms / user | completion tokens/s / user |",
+                  "| --- | ---: | ---: | ---: |"]
+        lines += [f"| {m['from_users']} -> {m['to_users']} | {_num(m['itl_p50_ms_per_user'])} | "
+                  f"{_num(m['ttft_p50_ms_per_user'])} | {_num(m['tokens_per_s_per_user'])} |" for m in more]
+    lines += ["", limits_line(result.get("limits") or {}, s.get("refused") or {})]
     lines += [
         "",
         "| check | result |",
@@ -65,6 +73,28 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# `laplace serve`'s own defaults, so the report says where the pilot's server differs.
+SERVE_DEFAULTS = {"max_queue": 64, "max_tokens": 4096, "max_prompt_tokens": 8192, "max_body_bytes": 1 << 20}
+
+
+def limits_line(limits: dict[str, Any], refused: dict[str, int]) -> str:
+    """The limits the measured server enforced (and where they differ from a plain
+    `laplace serve`), and how many requests each phase had refused: numbers measured under
+    a looser limit than an operator runs must say so."""
+    if not limits:
+        return "Limits: not reported by the server."
+    parts = []
+    for key, value in limits.items():
+        default = SERVE_DEFAULTS.get(key)
+        parts.append(f"{key} {value:,}" + (f" (laplace serve's default: {default:,})" if default not in (None, value) else ""))
+    told = ", ".join(f"{phase}: {n}" for phase, n in refused.items()) or "none"
+    return f"Limits of the measured server: {'; '.join(parts)}. Requests refused (4xx, 429) by phase: {told}."
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:+,.2f}"
 
 
 def _acc(v: float | None) -> str:

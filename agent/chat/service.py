@@ -43,7 +43,6 @@ from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
 from agent.runtime.sampling import make_generator
 from agent.runtime.state import RecurrentState
-from agent.runtime.tokenizer import StreamDecoder
 from sessions import Session, SessionError, SessionStore, StateMeta
 
 
@@ -179,7 +178,7 @@ class ChatService(SessionBrowsing):
                     if len(stored.user_ids) > self.runner.segment_len:  # a long message: say how far the fold is
                         yield ProgressEvent("folding your message", done, len(stored.user_ids))
             self._state = state  # the user turn is stored; the live state has read it
-            yield from self._reply(session, state, cancel, user_turn=self._turn_view(stored.user),
+            yield from self._reply(session, state, cancel, after=stored.user.id, user_turn=self._turn_view(stored.user),
                                    recall_turn=self._turn_view(stored.block) if stored.block is not None else None)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
@@ -194,7 +193,8 @@ class ChatService(SessionBrowsing):
             seed = self.options.sampling.seed
             if seed is not None:  # a fixed seed would regenerate the same reply: vary it per sibling
                 seed += len(self.store.tree.siblings(head.id))
-            yield from self._reply(session, state, cancel, user_turn=None, regenerate_of=head.id, seed=seed)
+            yield from self._reply(session, state, cancel, after=head.parent_id, user_turn=None, regenerate_of=head.id,
+                                   seed=seed)
 
     def switch_sibling(self, turn_id: int, step: int) -> TurnView:
         """Make the sibling `step` places from `turn_id` (wrapping) the current branch, down to
@@ -211,30 +211,31 @@ class ChatService(SessionBrowsing):
             self._state = load_state(self, self._session)  # the branch's newest snapshot
             return self._turn_view(self.store.tree.get_turn(target.id))
 
-    def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *,
+    def _reply(self, session: Session, state: RecurrentState, cancel: threading.Event | None, *, after: int,
                user_turn: TurnView | None, regenerate_of: int | None = None, seed: int | None = None,
                recall_turn: TurnView | None = None) -> Iterator[ChatEvent]:
+        """Stream the reply to the message stored as turn `after` (the token choice is
+        `agent.runtime.reply.ReplySampler`, the server's too)."""
         tok, template = self.lm.tokenizer, self.lm.template
         reply = self.writer.begin_reply(session, self._lease, regenerate_of=regenerate_of)
         yield TurnStarted(user_turn, reply.turn.id, recall_turn)
         prefix = reply.prefix
         opts = self.options.sampling
         gen = None
-        decoder, text, status, error = StreamDecoder(tok), "", "complete", None
+        status, error = "complete", None
         try:
+            tail = self.writer.prompt_tail(after, prefix)
             with timings.phase(f"reply: prefill its {len(prefix)}-token prefix"):
                 logits, state = self.runner.prefill(prefix, state)
-            gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok),
-                             decode=tok.decode, cancel=cancel,
+            gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok), tokenizer=tok,
+                             cancel=cancel, prompt_tail=tail,
                              generator=make_generator(seed if regenerate_of is not None else opts.seed, "cpu"))
-            for token in gen:
+            for _ in gen:
                 timings.mark("first token sampled")
-                piece = decoder.push(token)
-                if piece:
-                    text += piece
-                    yield TokenEvent(piece)
+                if gen.piece:
+                    yield TokenEvent(gen.piece)
                 reply.progress(gen.tokens)
-            rest = decoder.flush()
+            rest = gen.flush()
             if rest:
                 yield TokenEvent(rest)
             if gen.stop_reason == "cancelled":

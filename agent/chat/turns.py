@@ -33,6 +33,7 @@ from agent.chat.recovery import check_token_chain, fold_interrupted
 from agent.chat.replay import Progress, load_state
 from agent.chat.types import ChatError, SessionBusyError, SessionNotFoundError
 from agent.recall.options import RefreshOptions
+from agent.runtime.tokenizer import StreamDecoder
 from sessions import Lease, Session, SessionError, SessionInUse, SessionNotFound, SessionStore, StateMeta, Turn
 
 if TYPE_CHECKING:
@@ -207,6 +208,24 @@ class TurnWriter:
         block, user = guard_store(lambda: self.refresher.store_with_message(session, recall, text, ids))  # type: ignore[misc]
         return StoredMessage(user, block, list(recall.token_ids) if recall is not None else [], ids)  # type: ignore[union-attr]
 
+    def prompt_tail(self, turn_id: int, prefix: Sequence[int]) -> list[int]:
+        """What the repetition penalty sees of the prompt (`reply.PROMPT_TAIL` ids): the end
+        of the branch up to `turn_id` (the user's message), then the reply's `prefix`. Chat
+        and the server both ask here, so a reply's penalty does not depend on the front end."""
+        from agent.runtime.reply import PROMPT_TAIL
+
+        need = max(0, PROMPT_TAIL - len(prefix))
+        parts: list[list[int]] = []
+        got, at = 0, turn_id
+        while got < need and at is not None:  # nearest turns first, a few indexed reads
+            turn = self.store.tree.get_turn(at)
+            ids = self.store.tree.turn_token_ids(turn.id) if turn.n_tokens else []
+            parts.append(ids)
+            got += len(ids)
+            at = turn.parent_id
+        ids = [i for part in reversed(parts) for i in part]
+        return [*ids[len(ids) - need:], *prefix][-PROMPT_TAIL:] if need else list(prefix)[-PROMPT_TAIL:]
+
     def begin_reply(self, session: Session, lease: Lease | None, *, regenerate_of: int | None = None) -> ReplyWriter:
         """The assistant row, `streaming` from now on (a sibling of `regenerate_of` if given)."""
         if regenerate_of is not None:
@@ -229,14 +248,23 @@ class ReplyWriter:
     last_flush: float = field(init=False)
     last_beat: float = field(init=False)
 
+    _decoder: StreamDecoder = field(init=False)
+    _text: str = field(init=False, default="")
+
     def __post_init__(self) -> None:
         self.last_flush = self.last_beat = self.t0
+        self._decoder = StreamDecoder(self.writer.lm.tokenizer)
 
     def progress(self, tokens: Sequence[int], now: float | None = None) -> None:
-        """Flush the text so far when it is due, and renew the lease when that is due."""
+        """Flush the text so far when it is due, and renew the lease when that is due.
+
+        `tokens` is the reply so far (it only grows); only the tokens new since the last
+        flush are decoded, so a long reply costs O(new tokens) per flush, not O(reply)."""
         now = time.monotonic() if now is None else now
         if now - self.last_flush > FLUSH_EVERY_S:
-            self.writer.store.turns.update_streaming(self.turn.id, self.writer.lm.tokenizer.decode(list(tokens)))
+            for token in tokens[len(self._decoder.ids):]:
+                self._text += self._decoder.push(token)
+            self.writer.store.turns.update_streaming(self.turn.id, self._text)
             self.last_flush = now
         self.heartbeat(now)
 

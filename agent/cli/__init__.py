@@ -105,6 +105,7 @@ def bench(
     rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
     duration: Optional[float] = typer.Option(None, "--duration", help="serve: seconds of arrivals per rate."),
     compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="serve: eager (Dynamo capture, fast), inductor, or none."),
+    users: Optional[str] = typer.Option(None, "--users", help="serve: closed-loop phases, users sending back to back, e.g. 1,4,16."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -122,12 +123,13 @@ def bench(
     unknown = [n for n in chosen if n not in benches]
     if unknown:
         raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
-    serve_flags = rates is not None or duration is not None or compile_backend is not None
+    serve_flags = rates is not None or duration is not None or compile_backend is not None or users is not None
     if (model is not None or serve_flags) and chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=model, report_dir=report_dir, rates=rates,
-                                        duration=duration, compile_backend=compile_backend)
+                                        duration=duration, compile_backend=compile_backend, users=users)
     elif serve_flags:
-        raise fail("--rates, --duration and --compile-backend apply to the serve benchmark only: laplace bench serve ...")
+        raise fail("--rates, --duration, --users and --compile-backend apply to the serve benchmark only: "
+                   "laplace bench serve ...")
     elif model is not None:
         if chosen != ["cpu1b"]:
             raise fail("-m applies to the cpu1b and serve benchmarks only: laplace bench cpu1b -m MODEL")
@@ -138,7 +140,7 @@ def bench(
         benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(settings_of(ctx).models_dir))
     elif chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
-                                        compile_backend=None)
+                                        compile_backend=None, users=None)
     if shape is not None:
         if chosen != ["llamacpp"]:
             raise fail("--shape applies to the llamacpp benchmark only: laplace bench llamacpp --shape SHAPE")
@@ -163,7 +165,7 @@ def bench(
 
 
 def _serve_pilot(settings: Settings, *, model: Optional[str], report_dir: str, rates: Optional[str],
-                 duration: Optional[float], compile_backend: Optional[str]):  # type: ignore[no-untyped-def]
+                 duration: Optional[float], compile_backend: Optional[str], users: Optional[str]):  # type: ignore[no-untyped-def]
     """`laplace bench serve` with its own flags; --quick still picks the short defaults."""
     from pathlib import Path
 
@@ -179,6 +181,14 @@ def _serve_pilot(settings: Settings, *, model: Optional[str], report_dir: str, r
             raise fail(f"--rates takes requests per second like 2,4,8, got {rates!r}") from None
         if not changes["rates"] or min(changes["rates"]) <= 0:  # type: ignore[arg-type]
             raise fail(f"--rates takes positive requests per second like 2,4,8, got {rates!r}")
+    if users is not None:
+        try:
+            counts = tuple(sorted({int(u) for u in users.split(",") if u.strip()}))
+        except ValueError:
+            raise fail(f"--users takes user counts like 1,4,16, got {users!r}") from None
+        if not counts or counts[0] < 1:
+            raise fail(f"--users takes positive user counts like 1,4,16, got {users!r}")
+        changes["users"] = counts
     if duration is not None:
         if not 0 < duration <= 600:
             raise fail("--duration is seconds per rate, between 0 and 600")

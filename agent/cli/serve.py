@@ -42,6 +42,9 @@ def serve_command(
     max_body: int = typer.Option(1 << 20, "--max-body", help="Largest request body in bytes (413 above)."),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Largest max_tokens a request may ask for (400 above)."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a batch row (429 with Retry-After above)."),
+    max_prompt_tokens: int = typer.Option(8192, "--max-prompt-tokens", help="Most prompt tokens one request may make the model read (400 above)."),
+    allow_origin: Optional[list[str]] = typer.Option(None, "--allow-origin", help="A browser origin allowed to call the server, e.g. http://localhost:3000 (repeat; * for any). Others are refused."),
+    allow_host: Optional[list[str]] = typer.Option(None, "--allow-host", help="A Host name the server answers to besides localhost and its address (repeat)."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level (info shows each request)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the model (default: every core but one, which the HTTP side needs)."),
 ) -> None:
@@ -58,8 +61,12 @@ def serve_command(
         given = parse_pairs(parse_option_pairs(option))
     except ValueError as exc:
         raise fail(str(exc)) from None
-    if min(max_body, max_tokens) < 1 or max_queue < 0:
-        raise fail("--max-body and --max-tokens must be at least 1, --max-queue at least 0")
+    if min(max_body, max_tokens, max_prompt_tokens) < 1 or max_queue < 0:
+        raise fail("--max-body, --max-tokens and --max-prompt-tokens must be at least 1, --max-queue at least 0")
+    origins = frozenset(o.strip().rstrip("/").lower() for o in allow_origin or [])
+    bad = [o for o in origins if o != "*" and not o.startswith(("http://", "https://"))]
+    if bad:
+        raise fail(f"--allow-origin takes an origin like http://localhost:3000 (or *), got {bad[0]!r}")
     token = None
     if require_token or not is_loopback(host):
         token, created = load_or_create_token(settings.home / TOKEN_FILE)
@@ -88,32 +95,36 @@ def serve_command(
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) - 1))
     log = None
     if compile_ or dev.type == "neuron":
-        from agent.serve.compiling import compiled_runner, warm_up
+        from agent.serve.compiling import compiled_runner
 
         backend = "neuron" if dev.type == "neuron" else compile_backend
         runner, log = compiled_runner(lm.model, widths=width_set, backend=backend)
         typer.echo(f"compiling {len(width_set)} decode widths and {len(runner.segment_buckets)} prefill buckets "
                    f"with {backend} ...", err=True)
-        timings = warm_up(runner, log)
+        timings = runner.warm_up()
+        log.warm = True
         typer.echo(f"compiled in {sum(timings.values()):.1f} s; no shape is compiled after this", err=True)
     else:
         runner = make_runner(lm.model, dev, settings)
     store = open_store(settings)
     writer = TurnWriter(store, lm, runner, model_id=model_id)
     scheduler = Scheduler(writer, widths=width_set, options=given,
-                          limits=Limits(max_body_bytes=max_body, max_tokens=max_tokens, max_queue=max_queue))
-    info = ServerInfo(model_id=model_id, token=token,
+                          limits=Limits(max_body_bytes=max_body, max_tokens=max_tokens, max_queue=max_queue,
+                                        max_prompt_tokens=max_prompt_tokens))
+    info = ServerInfo(model_id=model_id, token=token, bound=host, allow_origins=origins,
+                      allow_hosts=frozenset(h.strip().lower() for h in allow_host or []),
                       model={"state_bytes": lm.config.state_bytes(), "fingerprint": writer.fingerprint,
                              "widths": list(width_set), "compiled": log is not None, "device": str(dev)},
                       stats=(lambda: {"compile": {**log.summary(), "warmup_seconds": timings}}) if log is not None else None)
-    from agent.serve.server import serve
+    from agent.serve.server import serve, shut_down
 
     try:
         serve(create_app(scheduler, info), sock, log_level=log_level,
               announce=lambda url: typer.echo(f"laplace serve: {model_id} on {url}/v1 (OpenAI-compatible)", err=True))
     finally:
-        scheduler.stop()
-        store.close()
+        if not shut_down(scheduler, store):
+            typer.echo("warning: the scheduler did not stop within 30 s; the session store is left open under it "
+                       "(the next start takes its leases over and marks its replies cancelled)", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ buckets once means no recompilation afterwards (tested with a counting backend).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -107,11 +108,17 @@ class CompiledRunner(EagerRunner):
         logits, tensors = self._prefill(padded, state.tensors, lengths)
         return logits, RecurrentState(tensors, state.n_tokens, state.meta)
 
-    def warm_up(self) -> None:
-        """Compile every bucket once (decode widths, then prefill lengths)."""
+    def warm_up(self) -> dict[str, float]:
+        """Compile every bucket once (decode widths, then prefill lengths), timing each call
+        (Dynamo's tracing included, which a backend's own time leaves out)."""
+        timings: dict[str, float] = {}
         with torch.inference_mode():
             for w in self.batch_widths:
+                t0 = time.perf_counter()
                 self.step(torch.zeros(w, dtype=torch.long, device=self.device), self.model.new_state(w))
+                timings[f"decode_w{w}"] = round(time.perf_counter() - t0, 3)
             for s in self.segment_buckets:
-                ids = torch.zeros(1, s, dtype=torch.long, device=self.device)
-                self.forward_segment(ids, self.model.new_state(1), None)
+                t0 = time.perf_counter()
+                self.forward_segment(torch.zeros(1, s, dtype=torch.long, device=self.device), self.model.new_state(1), None)
+                timings[f"prefill_{s}"] = round(time.perf_counter() - t0, 3)
+        return timings

@@ -17,16 +17,12 @@ import torch
 from torch import Tensor
 
 from agent.runtime.model import LaplaceModel
+from agent.runtime.reply import ReplySampler, draw
 from agent.runtime.sampling import SamplingOptions, make_generator, sample
 from agent.runtime.state import RecurrentState
+from agent.runtime.tokenizer import Tokenizer
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
-
-
-def draw(opts: SamplingOptions) -> dict[str, float | int]:
-    """The options `sample` reads (the rest say when generation stops)."""
-    return {"temperature": opts.temperature, "top_k": opts.top_k, "top_p": opts.top_p,
-            "repetition_penalty": opts.repetition_penalty}
 DEFAULT_SEGMENT = 512
 
 
@@ -88,59 +84,60 @@ class EagerRunner:
 class Generation:
     """Sample tokens until a stop token, a stop string, `max_new_tokens` or cancellation.
 
-    Iterating yields token ids. A stop token ends the turn and is not yielded (the caller
-    folds the template's turn suffix). `state` has read every yielded token except possibly
-    the last; `finish()` folds that one too and returns the state matching `tokens`. The
-    state given is never changed: the first step copies it once, and decoding then updates
-    that copy in place."""
+    Each token is picked by `reply.ReplySampler`, the loop body the server's scheduler uses
+    too. Iterating yields token ids; `piece` is the text the last one completed (with a
+    `tokenizer`). A stop token ends the turn and is not yielded (the caller folds the
+    template's turn suffix). `state` has read every yielded token except possibly the last;
+    `finish()` folds that one too and returns the state matching `tokens`. The state given
+    is never changed: the first step copies it once, and decoding then updates that copy in
+    place. `prompt_tail`: the ids read just before the reply, for the repetition penalty."""
 
     runner: EagerRunner
     state: RecurrentState
     logits: Tensor  # [1, vocab] after the last prompt token
     opts: SamplingOptions
     stop_ids: Sequence[int] = ()
-    decode: Callable[[list[int]], str] | None = None  # needed for stop strings
+    tokenizer: Tokenizer | None = None  # needed for stop strings and `piece`
     cancel: threading.Event | None = None
     generator: torch.Generator | None = None
-    history: list[int] = field(default_factory=list)  # prompt tokens for the repetition penalty
-    tokens: list[int] = field(default_factory=list)
+    prompt_tail: Sequence[int] = ()
     stop_reason: str | None = None  # "stop" | "stop_string" | "length" | "cancelled"
     _pending: int | None = None
     _owned: bool = False  # `state` is this generation's own copy, stepped in place
     _origin: RecurrentState | None = None  # the state given, never written
+    _sampler: ReplySampler = field(init=False)
 
     def __post_init__(self) -> None:
         self._origin = self.state
         if self.generator is None:
             self.generator = make_generator(self.opts.seed)
-        if self.opts.stop and self.decode is None:
-            raise ValueError("stop strings need a decode function")
+        self._sampler = ReplySampler(self.opts, self.generator, stop_ids=self.stop_ids, tokenizer=self.tokenizer,
+                                     prompt_tail=self.prompt_tail)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._sampler.tokens
+
+    @property
+    def piece(self) -> str:
+        return self._sampler.piece
+
+    def flush(self) -> str:
+        """Text held back at the end (an incomplete character)."""
+        return self._sampler.flush()
 
     @torch.inference_mode()
     def __iter__(self) -> Iterator[int]:
-        device = self.logits.device
-        while True:
+        while self.stop_reason is None:
             if self.cancel is not None and self.cancel.is_set():
                 self.stop_reason = "cancelled"
                 return
             self._fold_pending()
-            hist = self.history[-256:] + self.tokens[-256:]
-            hist_t = torch.tensor([hist], dtype=torch.long, device=device) if hist and self.opts.repetition_penalty != 1.0 else None
-            token = int(sample(self.logits, self.generator, **draw(self.opts), history=hist_t)[0])
-            if token in self.stop_ids:
-                self.stop_reason = "stop"
-                return
-            self.tokens.append(token)
-            self._pending = token
-            yield token
-            if self.opts.stop and self.decode is not None:
-                tail = self.decode(self.tokens[-64:])
-                if any(s in tail for s in self.opts.stop):
-                    self.stop_reason = "stop_string"  # the stop string stays in the reply
-                    return
-            if len(self.tokens) >= self.opts.max_new_tokens:
-                self.stop_reason = "length"
-                return
+            token = self._sampler.pick(self.logits)
+            if token is not None:
+                self._pending = token
+                yield token
+            self.stop_reason = self._sampler.stop_reason
 
     def _fold_pending(self) -> None:
         if self._pending is not None:

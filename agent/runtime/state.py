@@ -122,8 +122,10 @@ class RecurrentState:
         return cls({name: torch.cat([s.tensors[name] for s in states], dim=1) for name in states[0].tensors})
 
     def select(self, index: int) -> "RecurrentState":
-        """Row `index` as a batch-1 state (a copy)."""
-        return self._map(lambda t: t[:, index : index + 1].clone(), keep=False)
+        """Row `index` as a batch-1 state (a copy), laid out as a fresh one: a plain clone
+        keeps the batch's strides on all-size-1 tensors (the window's `pos`, [1, 1]), and a
+        compiled runner guards on strides, so it would compile again for such a row."""
+        return self._map(lambda t: t[:, index : index + 1].clone(memory_format=torch.contiguous_format), keep=False)
 
     def index_select(self, index: Tensor) -> "RecurrentState":
         """The rows `index` (a 1-D long tensor), in that order."""

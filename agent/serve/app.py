@@ -2,10 +2,11 @@
 
 Endpoints: `POST /v1/chat/completions` (JSON, or server-sent events with `stream`),
 `GET /v1/models` (and `/v1/models/{id}`), `GET /health`, `GET /v1/laplace/stats` (the
-scheduler's counters, for the serving pilot). Every refusal is OpenAI's error object with
-a one-line message; an unexpected exception is a 500 of the same shape and the server
-stays up. With a token configured, every endpoint but `/health` wants
-`Authorization: Bearer TOKEN`, compared in constant time.
+scheduler's counters and the server's limits, for the serving pilot). Who may reach them is
+decided before any handler runs, by one middleware (`access.py`: Host, Origin, bearer
+token, JSON bodies). Every refusal is OpenAI's error object with a one-line message; an
+unexpected exception is a 500 of the same shape, its details only in the server's log
+(never sent: they can hold paths and internals), and the server stays up.
 
 A request is answered once the scheduler has admitted it (its session is known and leased,
 the user's message stored), so even a streamed reply carries its session id in the
@@ -17,34 +18,48 @@ cancels its reply: it is kept, marked cancelled.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agent.serve.access import Access, AccessPolicy, error_response
+from agent.serve.admission import prompt_tokens
 from agent.serve.protocol import ApiError, ChatRequest, Limits, parse_body, parse_request
 from agent.serve.rows import Admitted, Delta, Failed, Finished, Handle
 from agent.serve.scheduler import Scheduler
+
+log = logging.getLogger("laplace.serve")
 
 
 @dataclass(frozen=True)
 class ServerInfo:
     model_id: str
     model: dict[str, Any]  # what /v1/models adds under "laplace"
-    token: str | None = None  # a bearer token every request but /health must present
+    token: str | None = None  # a bearer token every request but the open paths must present
     stats: Callable[[], dict[str, Any]] | None = None  # extra counters (the compile log)
+    bound: str = "127.0.0.1"  # the address the socket is bound to (the Host check)
+    allow_hosts: frozenset[str] = frozenset()
+    allow_origins: frozenset[str] = frozenset()
+
+    def policy(self) -> AccessPolicy:
+        return AccessPolicy(bound=self.bound, token=self.token, allow_hosts=self.allow_hosts,
+                            allow_origins=self.allow_origins)
 
 
-def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def completion_id(admitted: Admitted) -> str:
+    """The OpenAI id of a reply: its session and assistant turn, the same in every chunk."""
+    return f"chatcmpl-{admitted.session[:12]}-{admitted.assistant_turn_id}"
 
 
 class EventStream(StreamingResponse):
@@ -93,16 +108,6 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
     def model_card() -> dict[str, Any]:
         return {"id": info.model_id, "object": "model", "created": started, "owned_by": "laplace", "laplace": info.model}
 
-    def authorized(request: Request) -> None:
-        if info.token is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), info.token.encode()):
-            raise ApiError(401, "a bearer token is required: send Authorization: Bearer TOKEN "
-                                "(the token is in $LAPLACE_HOME/serve-token)", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
-
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         too_big = ApiError(413, f"the request body is larger than {limits.max_body_bytes:,} bytes, this server's "
@@ -130,12 +135,17 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
         if fin.status == "cancelled":
             return ApiError(503, "the reply was cancelled (the server is stopping); what was written is stored, "
                                  "marked cancelled", code="cancelled")
-        return ApiError(500, f"generation failed ({fin.error}); the partial reply is stored, marked error",
-                        code="generation_failed")
+        return ApiError(500, "generation failed; the partial reply is stored, marked error (the server's log "
+                             "says why)", code="generation_failed")
 
     async def chat_completions(request: Request) -> Response:
-        authorized(request)
         req = parse_request(parse_body(await read_body(request)), served_model=info.model_id, limits=limits)
+        n = await run_in_threadpool(prompt_tokens, scheduler.writer.lm, req)  # tokenizing is not the loop's work
+        if n > limits.max_prompt_tokens:
+            raise ApiError(400, f"this request's prompt is {n:,} tokens; this server reads at most "
+                                f"{limits.max_prompt_tokens:,} per request (laplace serve --max-prompt-tokens); "
+                                "send less, or continue a session with only the new message",
+                           code="context_length_exceeded", param="messages")
         handle = Handle()
         scheduler.submit(req, handle)
         gone = asyncio.ensure_future(_disconnected(request))
@@ -156,6 +166,8 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
                 if event is None:
                     handle.cancel.set()
                     return Response(status_code=499)
+                if isinstance(event, Failed):  # the server stopped before it could finish: nothing more comes
+                    return error_response(event.error)
                 if isinstance(event, Finished):
                     break
             if event.status != "complete":
@@ -164,7 +176,7 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
                 body["laplace"] = laplace_of(first, event)
                 return JSONResponse(body, status_code=err.status, headers=headers)
             return JSONResponse({
-                "id": f"chatcmpl-{first.session[:12]}-{first.assistant_turn_id}", "object": "chat.completion",
+                "id": completion_id(first), "object": "chat.completion",
                 "created": int(time.time()), "model": info.model_id,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": event.text},
                              "finish_reason": event.finish_reason, "logprobs": None}],
@@ -174,7 +186,7 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
             gone.cancel()
 
     async def stream(req: ChatRequest, admitted: Admitted, handle: Handle) -> AsyncIterator[str]:
-        cid = f"chatcmpl-{admitted.session[:12]}-{admitted.assistant_turn_id}"
+        cid = completion_id(admitted)
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -187,6 +199,10 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
             event = await handle.get()
             if isinstance(event, Delta):
                 yield sse(chunk({"content": event.text}))
+            elif isinstance(event, Failed):  # the server stopped before it could finish: nothing more comes
+                yield sse(event.error.body())
+                yield "data: [DONE]\n\n"
+                return
             elif isinstance(event, Finished):
                 if event.status == "complete":
                     yield sse(chunk({}, event.finish_reason, laplace=laplace_of(admitted, event)))
@@ -201,11 +217,9 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
                 return
 
     async def models(request: Request) -> Response:
-        authorized(request)
         return JSONResponse({"object": "list", "data": [model_card()]})
 
     async def one_model(request: Request) -> Response:
-        authorized(request)
         if request.path_params["model"] != info.model_id:
             raise ApiError(404, f"the model {request.path_params['model']!r} does not exist here; this server runs "
                                 f"{info.model_id!r}", code="model_not_found")
@@ -214,14 +228,13 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
     async def health(request: Request) -> Response:
         ok = scheduler.alive
         body = {"status": "ok" if ok else "error", "model": info.model_id, **scheduler.load()}
-        if not ok and scheduler.error is not None:
-            body["error"] = f"{type(scheduler.error).__name__}: {scheduler.error}"
+        if not ok:  # what stopped it is in the server's log, not here
+            body["error"] = "the scheduler is not running; see the server's log"
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def stats(request: Request) -> Response:
-        authorized(request)
         out = {"model": info.model_id, "widths": list(scheduler.widths), **scheduler.load(),
-               **scheduler.metrics.snapshot()}
+               "limits": limits.as_dict(), **scheduler.metrics.snapshot()}
         if info.stats is not None:
             out.update(info.stats())
         return JSONResponse(out)
@@ -241,7 +254,8 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
         return error_response(ApiError(exc.status_code, message, headers=dict(exc.headers or {})))
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        return error_response(ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server is still up",
+        log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(ApiError(500, "internal error (the server's log says what); the server is still up",
                                        code="internal_error"))
 
     @asynccontextmanager
@@ -262,5 +276,6 @@ def create_app(scheduler: Scheduler, info: ServerInfo) -> Starlette:
             Route("/v1/laplace/stats", stats, methods=["GET"]),
         ],
         exception_handlers={ApiError: on_api_error, HTTPException: on_http_error, Exception: on_unexpected},
+        middleware=[Middleware(Access, policy=info.policy())],
         lifespan=lifespan,
     )

@@ -1,11 +1,12 @@
-"""Compiling for the server: a backend that logs every graph it compiles, and the warm-up.
+"""Compiling for the server: a backend that logs every graph it compiles.
 
 The Laplace 3B report saw a new decode batch width cost ~11 s of compilation mid-serving
 (1.1% of steps, 47.5% of decode time). The scheduler pads every decode step to a fixed
 width and every prefill segment to a fixed bucket, so all shapes are compiled at warm-up;
 `CompileLog` wraps the real backend (Inductor, or Dynamo's `eager` for tests and quick
 pilots) and records each compile with its duration and whether warm-up had finished, so
-"no compile after warm-up" is a number the server reports, not a hope.
+"no compile after warm-up" is a number the server reports, not a hope. The warm-up itself
+is `CompiledRunner.warm_up`; `warm` is set after it.
 """
 
 from __future__ import annotations
@@ -58,21 +59,3 @@ def compiled_runner(model: LaplaceModel, *, widths: Sequence[int], backend: str 
                     segment_len: int | None = None) -> tuple[CompiledRunner, CompileLog]:
     log = CompileLog(backend)
     return CompiledRunner(model, backend=log, batch_widths=tuple(widths), segment_len=segment_len), log
-
-
-def warm_up(runner: CompiledRunner, log: CompileLog) -> dict[str, float]:
-    """Compile every decode width and prefill bucket once, timing each (Dynamo's tracing
-    included, which the backend's own time leaves out); then mark the log warm."""
-    timings: dict[str, float] = {}
-    device = runner.device
-    with torch.inference_mode():
-        for w in runner.batch_widths:
-            t0 = time.perf_counter()
-            runner.step(torch.zeros(w, dtype=torch.long, device=device), runner.model.new_state(w))
-            timings[f"decode_w{w}"] = round(time.perf_counter() - t0, 3)
-        for s in runner.segment_buckets:
-            t0 = time.perf_counter()
-            runner.forward_segment(torch.zeros(1, s, dtype=torch.long, device=device), runner.model.new_state(1), None)
-            timings[f"prefill_{s}"] = round(time.perf_counter() - t0, 3)
-    log.warm = True
-    return timings

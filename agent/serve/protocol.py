@@ -14,7 +14,8 @@ What a request may say, and what laplace adds:
   stored history and are not read again (a client may resend the whole conversation, system
   prompt included, as chat front ends do). Without it, the request starts a new session.
 - `laplace` (optional object): `name` for a new session, `options` (the `-o` keys of
-  `laplace chat`, e.g. `{"refresh": false}`) stored with a new session.
+  `laplace chat`, e.g. `{"refresh": false}`) stored with a new session; `recall_text: true`
+  to get the recall block's transcript text back (by default only its turn id and size).
 - sampling: `temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `stop`,
   `max_tokens` / `max_completion_tokens`; unset ones come from the session's options.
 """
@@ -27,7 +28,8 @@ from typing import Any
 
 SYSTEM_ROLES = ("system", "developer")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
-MAX_STOP = 4
+MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+MAX_STOP_CHARS = 64  # characters per stop string
 
 
 class ApiError(Exception):
@@ -46,6 +48,8 @@ class ApiError(Exception):
     def kind(self) -> str:
         if self.status == 401:
             return "authentication_error"
+        if self.status == 403:
+            return "permission_error"
         if self.status == 404:
             return "not_found_error"
         if self.status == 429:
@@ -60,11 +64,20 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    """What the server accepts: body bytes (413), max_tokens (400), waiting requests (429)."""
+    """What the server accepts: body bytes (413), max_tokens (400), waiting requests (429),
+    prompt tokens (400: the system prompt, earlier messages and the message of one request,
+    the ids it makes the model read; like llama.cpp's n_ctx or vLLM's max_model_len, except
+    that a session's state has no context to overflow: this bounds one request's work)."""
 
     max_body_bytes: int = 1 << 20
     max_tokens: int = 4096
     max_queue: int = 64
+    max_prompt_tokens: int = 8192
+
+    def as_dict(self) -> dict[str, int]:
+        return {"max_body_bytes": self.max_body_bytes, "max_tokens": self.max_tokens, "max_queue": self.max_queue,
+                "max_prompt_tokens": self.max_prompt_tokens, "max_stop_strings": MAX_STOP,
+                "max_stop_chars": MAX_STOP_CHARS}
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,7 @@ class ChatRequest:
     max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
+    recall_text: bool = False  # send the recall block's text back (laplace.recall_text)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -186,6 +200,9 @@ def parse_request(data: dict[str, Any], *, served_model: str, limits: Limits) ->
     options = ext.get("options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "laplace.options must be an object of -o keys, e.g. {\"refresh\": false}", param="laplace.options")
+    recall_text = ext.get("recall_text", False)
+    if not isinstance(recall_text, bool):
+        raise ApiError(400, "laplace.recall_text must be true or false", param="laplace.recall_text")
     if session is not None and (name is not None or options):
         raise ApiError(400, "laplace.name and laplace.options apply to a new session; a continued session "
                             "keeps its own (laplace sessions rename, /set in laplace chat)", param="laplace")
@@ -200,6 +217,9 @@ def parse_request(data: dict[str, Any], *, served_model: str, limits: Limits) ->
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP:
             raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP}", param="stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(400, f"each stop string may be at most {MAX_STOP_CHARS} characters on this server",
+                           param="stop")
         sampling["stop"] = list(stops)
     max_tokens = _number(data, "max_completion_tokens", int)
     if max_tokens is None:
@@ -216,5 +236,5 @@ def parse_request(data: dict[str, Any], *, served_model: str, limits: Limits) ->
         model=model, message=message, session=session.strip() if session else None,
         system="\n\n".join(system_parts), history=tuple(messages[:-1]) if session is None else (),
         name=name, options=dict(options), sampling=sampling, max_tokens=max_tokens, stream=stream,
-        include_usage=include_usage,
+        include_usage=include_usage, recall_text=recall_text,
     )

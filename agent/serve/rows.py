@@ -6,7 +6,8 @@ thread, safely, on the event loop that made it.
 
 Stop strings follow OpenAI: the reply a client sees ends before the stop string, and text
 that could still turn out to start one is held back until it cannot. The stored turn keeps
-what the model wrote, as `laplace chat` stores it (the state has read those tokens).
+what the model wrote, as `laplace chat` stores it (the state has read those tokens). The
+tokens themselves are chosen by `agent.runtime.reply.ReplySampler`, chat's loop body.
 """
 
 from __future__ import annotations
@@ -93,50 +94,51 @@ class Row:
     session_uid: str
     lease: Any  # sessions.Lease, through agent.chat.turns
     reply: Any  # agent.chat.turns.ReplyWriter
-    prompt: list[int]  # ids still to fold before the first sample: history, recall, message, reply prefix
+    prompt: list[int]  # ids to fold before the first sample: owed turns, history, recall, message, reply prefix
     state: Any  # RecurrentState, batch 1, while prefilling; None while its row lives in the batch
-    opts: Any  # SamplingOptions
-    generator: Any  # torch.Generator
-    decoder: Any  # StreamDecoder
+    sampler: Any  # agent.runtime.reply.ReplySampler: the token choice, as `laplace chat` makes it
     prompt_tokens: int
     read: int  # tokens the row's state has read
     done: int = 0  # prompt ids folded so far
+    marks: list[tuple[int, int]] = field(default_factory=list)  # (prompt offset, turn id): store the state there
     logits: Any = None  # [1, vocab]: what the next token is sampled from
-    tokens: list[int] = field(default_factory=list)
     pending: int | None = None  # sampled and kept, not yet read by the state
     slot: int | None = None  # row index in the decode batch
-    text: str = ""  # decoded so far
-    sent: int = 0  # characters of `text` dealt with (sent, or dropped after a stop string)
-    shown: str = ""  # what the client was sent
+    sent: int = 0  # characters of the reply's text dealt with (sent, or dropped after a stop string)
+    unsent: str = ""  # text after `sent` not yet sent (at most what could begin a stop string, and the last piece)
+    shown: list[str] = field(default_factory=list)  # what the client was sent
     activated: float | None = None
     first_token: float | None = None
-    failure: str | None = None
 
     @property
     def cancelled(self) -> bool:
         return self.job.handle.cancel.is_set()
 
-    def push_text(self, piece: str, *, final: bool) -> bool:
-        """Add decoded text and send what is safe; True when a stop string was reached."""
-        self.text += piece
-        stops = self.opts.stop
-        safe = len(self.text)
-        hit = False
-        if stops:
-            start = max(0, self.sent - max(len(s) for s in stops) + 1)
-            found = [i for i in (self.text.find(s, start) for s in stops) if i >= 0]
-            if found:
-                safe, hit = min(found), True
-            elif not final:
-                safe -= _held_back(self.text, stops)
-        if safe > self.sent:
-            piece = self.text[self.sent:safe]
-            self.job.handle.put(Delta(piece))
-            self.shown += piece
-            self.sent = safe
-        if hit:
-            self.sent = len(self.text)  # nothing after a stop string is sent
-        return hit
+    @property
+    def tokens(self) -> list[int]:
+        return self.sampler.tokens
+
+    def deliver(self, piece: str, *, final: bool) -> None:
+        """Send what is safe of the reply's new text `piece`: everything before a stop
+        string, and nothing that could still turn out to begin one (unless `final`).
+        O(len(piece) + held back) per call, whatever the reply's length."""
+        self.unsent += piece
+        stop_at = self.sampler.stop_at
+        if stop_at is not None:
+            safe = max(0, stop_at - self.sent)
+        elif final:
+            safe = len(self.unsent)
+        else:
+            safe = len(self.unsent) - self.sampler.held
+        if safe > 0:
+            out = self.unsent[:safe]
+            self.job.handle.put(Delta(out))
+            self.shown.append(out)
+            self.sent += safe
+            self.unsent = self.unsent[safe:]
+        if stop_at is not None:  # nothing after a stop string is sent
+            self.sent += len(self.unsent)
+            self.unsent = ""
 
     def timings(self, now: float) -> dict[str, float | None]:
         t0 = self.job.submitted
@@ -145,14 +147,3 @@ class Row:
             return round(t - t0, 6) if t is not None else None
 
         return {"queue_s": since(self.activated), "first_token_s": since(self.first_token), "total_s": round(now - t0, 6)}
-
-
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters could be the start of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

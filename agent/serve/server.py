@@ -1,9 +1,10 @@
-"""Running the app: the bearer token, the loopback rule, and uvicorn on a bound socket.
+"""Running the app: the bearer token, the loopback rule, uvicorn on a bound socket, and
+a shutdown that never closes the store under a scheduler still running.
 
 Loopback is the default bind and needs no token (like llama.cpp's server and ollama).
 Binding any other address exposes the sessions to the network, so it requires a bearer
 token: generated on first use (`secrets.token_urlsafe`), stored 0600 beside the database,
-and compared in constant time by the app.
+and checked, with the Host and Origin rules, by the app's access middleware (`access.py`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def shut_down(scheduler: Any, store: Any, timeout: float = 30.0) -> bool:
+    """Stop the scheduler, then close the store, but only once the scheduler's thread has
+    ended: closing SQLite under a thread still writing would fail it mid-transaction (or
+    worse). False when it is still running (the process is exiting; its daemon thread goes
+    with it, and the next start's lease takeover marks its replies cancelled)."""
+    if not scheduler.stop(timeout):
+        return False
+    store.close()
+    return True
 
 
 def make_server(app: Any, *, log_level: str = "warning", graceful_s: float = 5.0) -> Any:

@@ -83,7 +83,7 @@ def test_sampling_options_validate():
 def _generate(lm, runner, opts, cancel_after=None):
     logits, state = runner.prefill(prompt(lm))
     cancel = threading.Event()
-    gen = Generation(runner, state, logits, opts, stop_ids=lm.template.stop_ids(lm.tokenizer), decode=lm.tokenizer.decode, cancel=cancel)
+    gen = Generation(runner, state, logits, opts, stop_ids=lm.template.stop_ids(lm.tokenizer), tokenizer=lm.tokenizer, cancel=cancel)
     out = []
     for tok in gen:
         out.append(tok)
@@ -122,11 +122,14 @@ def test_stop_token_ends_the_turn(lm, runner):
 
 
 def test_stop_string_ends_generation_and_stays_in_reply(lm, runner):
-    _, free = _generate(lm, runner, SamplingOptions(temperature=0, max_new_tokens=20))
-    stop = lm.tokenizer.decode(free[3:5])
+    """Stop strings are matched in the streamed text (whole characters only, as the client
+    sees it), and generation ends at the token that completes the first one."""
+    g, free = _generate(lm, runner, SamplingOptions(temperature=0, max_new_tokens=20))
+    text = g._sampler.text
+    stop = text[3:5]
     g, toks = _generate(lm, runner, SamplingOptions(temperature=0, max_new_tokens=20, stop=(stop,)))
-    assert g.stop_reason == "stop_string"
-    assert stop in lm.tokenizer.decode(toks) and len(toks) <= 5
+    assert g.stop_reason == "stop_string" and toks == free[:len(toks)]
+    assert stop in g._sampler.text and stop not in g._sampler.text[:-len(g.piece) or None]
 
 
 def test_padded_rows_never_change_real_rows(lm, runner):

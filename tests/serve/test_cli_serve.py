@@ -18,6 +18,8 @@ runner = CliRunner()
     (["--widths", "1,2,3,4,5,6,7,8,9"], "at most 8 shapes"),
     (["--max-queue", "-1"], "--max-queue at least 0"),
     (["-o", "colour", "red"], "unknown sampling option"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be at least 1"),
+    (["--allow-origin", "evil.example"], "--allow-origin takes an origin like http://localhost:3000"),
 ])
 def test_bad_flags_fail_with_one_line(args, words):
     res = runner.invoke(app, ["serve", "-m", "tiny", "--port", "0", *args])

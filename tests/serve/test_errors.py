@@ -13,6 +13,7 @@ import pytest
 
 from agent.serve.protocol import Limits
 from agent.serve.server import is_loopback, load_or_create_token
+from sessions import SessionStore
 
 from .conftest import running
 
@@ -63,12 +64,15 @@ def test_bad_requests_get_a_4xx_with_the_reason(server, body, status, words):
     assert words in error_of(r)["message"]
 
 
+JSON = {"content-type": "application/json"}
+
+
 def test_malformed_and_non_utf8_bodies(server):
-    r = httpx.post(server.base + "/chat/completions", content=b'{"model": "tiny", "messages": [', timeout=30)
+    r = httpx.post(server.base + "/chat/completions", content=b'{"model": "tiny", "messages": [', timeout=30, headers=JSON)
     assert r.status_code == 400 and "not valid JSON" in error_of(r)["message"]
-    r = httpx.post(server.base + "/chat/completions", content=b'{"model": "tiny\xff"}', timeout=30)
+    r = httpx.post(server.base + "/chat/completions", content=b'{"model": "tiny\xff"}', timeout=30, headers=JSON)
     assert r.status_code == 400 and "not UTF-8 text" in error_of(r)["message"]
-    r = httpx.post(server.base + "/chat/completions", content=b"", timeout=30)
+    r = httpx.post(server.base + "/chat/completions", content=b"", timeout=30, headers=JSON)
     assert r.status_code == 400 and "empty" in error_of(r)["message"]
 
 
@@ -89,13 +93,18 @@ def test_the_server_stays_up_after_every_bad_input(server):
     assert [m.id for m in models.data] == ["tiny"]
 
 
-def test_an_ambiguous_session_prefix_is_400(server):
-    uids = set()
-    while len({u[0] for u in uids}) == len(uids):  # until two sessions share a first character
-        uids.add(post(server, OK).json()["session"])
-    first = next(u[0] for u in uids if sum(v[0] == u[0] for v in uids) > 1)
-    r = post(server, {**OK, "session": first})
-    assert r.status_code == 400 and "matches" in error_of(r)["message"]
+def test_an_ambiguous_session_prefix_is_400_and_names_no_other_session(server):
+    uids = [post(server, OK).json()["session"] for _ in range(2)]
+    with SessionStore.open(server.db) as store:  # two ids that share their first 8 characters
+        store.db.execute("UPDATE sessions SET uid = ? WHERE uid = ?", [uids[0][:8] + "f" * 24, uids[1]])
+        store.db.commit()
+    r = post(server, {**OK, "session": uids[0][:8]})
+    message = error_of(r)["message"]
+    assert r.status_code == 400 and "more than one session" in message
+    assert uids[0][8:12] not in message and "ffff" not in message  # no id beyond what was sent
+    r = post(server, {**OK, "session": uids[0][:3]})  # too short to be a capability
+    assert r.status_code == 400 and "at least its first 8 characters" in error_of(r)["message"]
+    assert post(server, {**OK, "session": uids[0]}).status_code == 200
 
 
 def test_body_size_limit_is_413(db, lm):
@@ -110,7 +119,7 @@ def test_body_size_limit_is_413(db, lm):
                 yield b"y" * 500
             yield b'"}]}'
 
-        r = httpx.post(server.base + "/chat/completions", content=chunks(), timeout=30)
+        r = httpx.post(server.base + "/chat/completions", content=chunks(), timeout=30, headers=JSON)
         assert r.status_code == 413
         assert post(server, OK).status_code == 200
 

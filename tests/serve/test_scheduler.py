@@ -7,9 +7,10 @@ import threading
 import time
 
 import httpx
+import pytest
 import torch
 
-from agent.serve.compiling import compiled_runner, warm_up
+from agent.serve.compiling import compiled_runner
 
 from .conftest import running
 
@@ -17,10 +18,10 @@ from .conftest import running
 def test_a_long_prompt_is_read_a_segment_at_a_time_between_decode_steps(db, endless, monkeypatch):
     with running(db, endless, segment_len=32) as server:
         runner, log = server.writer.runner, []
-        real_prefill, real_step = runner.prefill, runner.step
+        real_prefill, real_step = runner.prefill, runner.step_
         monkeypatch.setattr(runner, "prefill", lambda ids, state=None, progress=None: (
             log.append(("prefill", len(ids))), real_prefill(ids, state, progress))[1])
-        monkeypatch.setattr(runner, "step", lambda tokens, state: (log.append(("step", 0)), real_step(tokens, state))[1])
+        monkeypatch.setattr(runner, "step_", lambda tokens, state: (log.append(("step", 0)), real_step(tokens, state))[1])
         body = {"model": "tiny", "temperature": 0, "max_tokens": 3000, "stream": True,
                 "messages": [{"role": "user", "content": "keep going"}]}
         with httpx.Client(timeout=60) as http:
@@ -41,18 +42,28 @@ def test_a_long_prompt_is_read_a_segment_at_a_time_between_decode_steps(db, endl
         assert sum(1 for g in gaps if any(kind == "step" for kind, _ in g)) >= len(gaps) - 2
 
 
-def test_no_compile_after_warm_up(db, lm):
+@pytest.mark.parametrize("model", ["lm", "window"])
+def test_no_compile_after_warm_up(db, model, request):
+    """Whatever mix of requests arrives, new sessions and continued ones (whose state left a
+    batch), on the GLA model and on the window hybrid (whose `pos` is all size-1 dims)."""
+    lm = request.getfixturevalue(model)
     torch._dynamo.reset()
     runner, log = compiled_runner(lm.model, widths=(1, 2, 4, 8), backend="eager", segment_len=32)
-    warm_up(runner, log)
+    runner.warm_up()
+    log.warm = True
     warmed = log.summary()["compiles"]
     assert warmed == len(runner.batch_widths) + len(runner.segment_buckets) and log.after_warmup == 0
     with running(db, lm, runner=runner, widths=(1, 2, 4, 8)) as server:
+        sessions: list[str] = []
+
         def ask(i):
-            r = httpx.post(server.base + "/chat/completions", timeout=120, json={
-                "model": "tiny", "max_tokens": 3 + 5 * (i % 4), "seed": i,
-                "messages": [{"role": "user", "content": "q" * (1 + 37 * i)}]})
+            body = {"model": "tiny", "max_tokens": 3 + 5 * (i % 4), "seed": i,
+                    "messages": [{"role": "user", "content": "q" * (1 + 37 * i)}]}
+            if sessions and i % 2:
+                body["session"] = sessions.pop()
+            r = httpx.post(server.base + "/chat/completions", timeout=120, json=body)
             assert r.status_code == 200, r.text
+            sessions.append(r.json()["session"])
 
         for wave in (3, 7, 1, 5):  # arrivals that make every width from 1 to 8 and back
             threads = [threading.Thread(target=ask, args=(i,)) for i in range(wave)]

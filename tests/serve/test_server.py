@@ -222,19 +222,19 @@ def test_second_request_on_a_session_in_flight_gets_409(db, endless):
 
 
 def test_an_error_mid_reply_is_stored_and_the_server_stays_up(server, monkeypatch):
-    real, calls = server.writer.runner.step, {"n": 0}
+    real, calls = server.writer.runner.step_, {"n": 0}
 
     def flaky(tokens, state):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise RuntimeError("device fell over")
+            raise RuntimeError("device fell over at /secret/path")
         return real(tokens, state)
 
-    monkeypatch.setattr(server.writer.runner, "step", flaky)
+    monkeypatch.setattr(server.writer.runner, "step_", flaky)
     r = httpx.post(server.base + "/chat/completions", timeout=60, json={
         "model": "tiny", "temperature": 0, "max_tokens": 30, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 500 and r.json()["error"]["code"] == "generation_failed"
-    assert "device fell over" in r.json()["error"]["message"]
+    assert "secret" not in r.text and "server's log" in r.json()["error"]["message"]  # the cause stays inside
     uid = r.json()["laplace"]["session"]
     with server.store() as store:
         head = store.tree.get_turn(store.core.get_session(uid).head_turn_id)
@@ -253,8 +253,12 @@ def test_recall_refresh_applies_to_server_turns(server, lm):
     for _ in range(3):
         http.post("/chat/completions", json={"model": "tiny", "max_tokens": 8, "session": uid,
                                              "messages": [{"role": "user", "content": chatter}]})
-    asked = http.post("/chat/completions", json={"model": "tiny", "max_tokens": 8, "session": uid,
-                                                 "messages": [{"role": "user", "content": "What is my locker code?"}]}).json()
+    question = {"model": "tiny", "max_tokens": 8, "session": uid,
+                "messages": [{"role": "user", "content": "What is my locker code?"}]}
+    asked = http.post("/chat/completions", json=question).json()
+    recall = asked["laplace"]["recall"]
+    assert recall is not None and "text" not in recall and recall["tokens"] > 0  # the transcript text only when asked
+    asked = http.post("/chat/completions", json={**question, "laplace": {"recall_text": True}}).json()
     recall = asked["laplace"]["recall"]
     assert recall is not None and FACT_IN(recall["text"], fact)
     with server.store() as store:
