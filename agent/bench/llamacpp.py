@@ -35,9 +35,11 @@ from typing import Any, Callable, Mapping, Sequence
 from agent.bench import llamacpp_mamba as mamba
 from agent.bench.llamacpp_build import BuildError, LlamaCpp, ensure_llama_cpp, from_dir
 from agent.bench.llamacpp_gguf import default_model_ggufs
-from agent.bench.llamacpp_measure import Measurement, Protocol, measure_laplace, measure_llama_cpp
+from agent.bench.llamacpp_measure import Measurement, MeasureError, Protocol, measure_laplace, measure_llama_cpp
 from agent.bench.llamacpp_report import MAX_LOAD, MAX_OTHERS, Pair, Subject, load_line, load_verdict, report
 
+# What a run can fail with: a one-line (or a few-line) message for the CLI, never a traceback.
+BENCH_ERRORS = (BuildError, MeasureError)
 QUICK = Protocol(threads=2, prompt=64, gen=16, depth=64)
 DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16", "int8": "int8"}
 LAPLACE_WEIGHTS = ("fp32", "bf16", "int8")
@@ -181,4 +183,4 @@ def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str,
     return {k: escape(v) for k, v in lines.items()}
 
 
-__all__ = ["BuildError", "Protocol", "bench_llamacpp", "laplace_dtype", "plan", "run_rounds", "settle"]
+__all__ = ["BENCH_ERRORS", "BuildError", "Protocol", "bench_llamacpp", "laplace_dtype", "plan", "run_rounds", "settle"]

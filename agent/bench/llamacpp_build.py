@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -36,8 +37,23 @@ VERSION = "0.3.36"  # llama-cpp-python, whose vendor/llama.cpp is built
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 VENDOR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp"
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF")
+BASE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF")
+# ggml's AMX path (compiled in by -march=native on CPUs with AMX, e.g. Sapphire Rapids) segfaults
+# here in every quantized prefill (ggml_backend_amx_mul_mat; llama.cpp issue #20824, open, unfixed),
+# while F32 and batch-1 decode run. Explicit -mno-amx-* outrank what -march=native implies, so
+# ggml builds its AVX-512 / VNNI kernels and CPU repacking instead, as on a CPU without AMX.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_flags(machine: str | None = None) -> tuple[str, ...]:
+    machine = (machine or platform.machine()).lower()
+    if machine in ("x86_64", "amd64"):
+        return (*BASE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+    return BASE_FLAGS
+
+
+CMAKE_FLAGS = cmake_flags()
 TARGETS = ("llama-bench", "llama-quantize")
 # What the Mamba-2 rows need of the source to convert a checkpoint (relative to vendor/llama.cpp).
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "models/ggml-vocab-gpt-neox.gguf", "LICENSE")
@@ -79,7 +95,13 @@ def tools_dir(home: Path) -> Path:
 
 
 def is_complete(root: Path) -> bool:
-    return (root / "build.json").is_file() and all((root / "bin" / t).is_file() for t in TARGETS)
+    """The tools are all there and were built the way this version builds them (a build with
+    other flags, e.g. one with ggml's AMX path, is built again)."""
+    try:
+        info = json.loads((root / "build.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("cmake_flags") == list(CMAKE_FLAGS) and all((root / "bin" / t).is_file() for t in TARGETS)
 
 
 def from_dir(root: Path) -> LlamaCpp:

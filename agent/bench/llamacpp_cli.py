@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.bench.llamacpp import QUICK, bench_llamacpp, laplace_dtype
+from agent.bench.llamacpp import BENCH_ERRORS, QUICK, bench_llamacpp, laplace_dtype
 from agent.bench.llamacpp_build import BuildError
 from agent.bench.llamacpp_mamba import parse_shape
 from agent.bench.llamacpp_measure import Protocol
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         doc = run_benches(["llamacpp"], {"llamacpp": lambda quick: bench_for_settings(settings, quick, **options)},
                           quick=a.quick, out=a.out, console=Console(width=200))
-    except BuildError as exc:
+    except BENCH_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return EXIT_UNDER_LOAD if under_load(doc) else 0

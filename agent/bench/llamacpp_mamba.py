@@ -77,6 +77,9 @@ def build_random_checkpoint(root: Path, shape: dict[str, int], *, seed: int = 0)
     tok = byte_level_tokenizer()
     if tok.vocab_size > shape["vocab_size"]:
         raise ValueError(f"vocab_size must be at least {tok.vocab_size} (the byte-level tokenizer's)")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its shard-writing bar would break the bench's log lines
     torch.manual_seed(seed)
     model = Mamba2ForCausalLM(Mamba2Config(**shape, chunk_size=256, tie_word_embeddings=True)).eval()
     root.mkdir(parents=True, exist_ok=True)

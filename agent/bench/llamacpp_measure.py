@@ -89,7 +89,12 @@ def run_child(cmd: Sequence[str], *, env: dict[str, str], timeout: float = CHILD
             proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, env=env, text=True)
         except OSError as exc:
             raise MeasureError(f"{what} could not start ({exc})") from None
-        peak = poll_peak_kb(proc, timeout)
+        try:
+            peak = poll_peak_kb(proc, timeout)
+        except BaseException:  # Ctrl-C or any error here: the child must not outlive the bench
+            proc.kill()
+            proc.wait()
+            raise
         if peak is None:
             raise MeasureError(f"{what} ran past {timeout:.0f} s and was stopped")
         out.seek(0)

@@ -146,12 +146,12 @@ def bench(
         from agent.cli.models import ensure_model
 
         ensure_model(settings_of(ctx), model or "default")
-    from agent.bench.llamacpp_build import BuildError
+    from agent.bench.llamacpp import BENCH_ERRORS
     from agent.bench.llamacpp_cli import EXIT_UNDER_LOAD, under_load
 
     try:
         doc = run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
-    except BuildError as exc:
+    except BENCH_ERRORS as exc:
         raise fail(str(exc)) from None
     if under_load(doc):
         raise fail(f"llamacpp: the machine was busy, so no ratio is valid (numbers written to {out}); run it again with "

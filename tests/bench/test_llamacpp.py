@@ -230,3 +230,17 @@ def test_a_missing_toolchain_is_one_line_with_the_way_out(monkeypatch, tmp_path)
     err = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "needs cmake and a C compiler" in err[0]
     assert "apt-get install cmake build-essential" in err[0] and "--llama-cpp DIR" in err[0]
+
+
+def test_a_failed_child_is_an_error_line_not_a_traceback(fake_bench, monkeypatch, tmp_path):
+    from agent.bench.llamacpp_measure import MeasureError
+
+    def measure_subject(tools, protocol):
+        def measure(s, path):
+            raise MeasureError("llama-bench on m.Q8_0.gguf failed (exit -11):\nno output")
+        return measure
+
+    monkeypatch.setattr(lc, "measure_subject", measure_subject)
+    r = CliRunner().invoke(app, ["bench", "llamacpp", "--out", str(tmp_path / "b.json")])
+    assert r.exit_code == 1 and "error: llama-bench on m.Q8_0.gguf failed (exit -11)" in r.output
+    assert "Traceback" not in r.output

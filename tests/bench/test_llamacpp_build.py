@@ -150,3 +150,22 @@ def test_a_build_of_your_own(tmp_path):
         (tmp_path / "bin" / t).write_text("")
     assert lb.from_dir(tmp_path).bench == tmp_path / "bin" / "llama-bench"
     assert lb.from_dir(tmp_path / "bin").root == tmp_path  # the bin directory itself is understood too
+
+
+def test_x86_builds_leave_out_ggml_amx_path():
+    """ggml's AMX matmul segfaults in every quantized prefill on this machine's CPU (llama.cpp #20824)."""
+    x86 = lb.cmake_flags("x86_64")
+    assert "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in x86
+    assert "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in x86 and "-DGGML_NATIVE=ON" in x86
+    assert not any("amx" in f for f in lb.cmake_flags("aarch64"))  # -mno-amx-* is an error off x86
+
+
+def test_tools_built_with_other_flags_are_built_again(pinned_sdist, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setattr(lb, "cmake_build", _fake_cmake)
+    tools = lb.ensure_llama_cpp(home, which=lambda name: "/usr/bin/x", log=lambda line: None)
+    info = json.loads((tools.root / "build.json").read_text())
+    (tools.root / "build.json").write_text(json.dumps({**info, "cmake_flags": list(lb.BASE_FLAGS)}))  # an AMX build
+    assert not lb.is_complete(tools.root)
+    (tools.root / "build.json").write_text("{not json")
+    assert not lb.is_complete(tools.root)
