@@ -164,6 +164,37 @@ def bench_llamacpp(quick: bool, *, home: Path, model_dir: Path, default_dtype: s
     return out
 
 
+EXIT_UNDER_LOAD = 3  # the numbers are printed and written, but no ratio is valid
+
+
+def default_model_dir(settings: Any) -> Path:
+    """The built default model under `settings` (an agent.settings.Settings, passed in by an edge)."""
+    from agent.runtime.checkpoint import resolve_model_path
+
+    path = resolve_model_path("default", settings.models_dir)
+    if path is None or not (path / "config.json").is_file():
+        raise BuildError(f"the default model is not built in {settings.models_dir}; `laplace bench llamacpp -m default` "
+                         "builds it once (a download from PyPI)")
+    return path
+
+
+def bench_for_settings(settings: Any, quick: bool, **options: Any) -> dict[str, Any]:
+    """`bench_llamacpp` on the default model under `settings.home`, paired with the dtype
+    LAPLACE_DTYPE selects (fp32 unless set)."""
+    try:
+        dtype = laplace_dtype(settings.dtype)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    return bench_llamacpp(quick, home=settings.home, model_dir=default_model_dir(settings), default_dtype=dtype,
+                          teacher_url=settings.default_model_url, **options)
+
+
+def under_load(doc: dict[str, Any]) -> bool:
+    """True when the written results hold a llamacpp run whose ratios are not valid."""
+    res = (doc.get("results") or {}).get("llamacpp") or {}
+    return res.get("ratios_valid") is False
+
+
 def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str, verdict: Mapping[str, Any],
                   mamba_reason: str | None) -> dict[str, str]:
     lines = {
@@ -183,4 +214,4 @@ def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str,
     return {k: escape(v) for k, v in lines.items()}
 
 
-__all__ = ["BENCH_ERRORS", "BuildError", "Protocol", "bench_llamacpp", "laplace_dtype", "plan", "run_rounds", "settle"]
+__all__ = ["BENCH_ERRORS", "BuildError", "EXIT_UNDER_LOAD", "bench_for_settings", "under_load", "Protocol", "bench_llamacpp", "laplace_dtype", "plan", "run_rounds", "settle"]

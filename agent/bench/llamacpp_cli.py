@@ -2,8 +2,7 @@
 
 The laplace CLI has `-m default`, `--shape` and `--quick`; this adds the protocol (threads,
 prompt, gen, depth), rounds, a llama.cpp build of your own (`--llama-cpp DIR`), the Mamba-2
-rows left out, and the load limits. `bench_for_settings` is the one place both entry points
-turn Settings into a call of `bench_llamacpp`.
+rows left out, and the load limits.
 """
 
 from __future__ import annotations
@@ -14,42 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.bench.llamacpp import BENCH_ERRORS, QUICK, bench_llamacpp, laplace_dtype
-from agent.bench.llamacpp_build import BuildError
+from agent.bench.llamacpp import BENCH_ERRORS, EXIT_UNDER_LOAD, QUICK, bench_for_settings, under_load
 from agent.bench.llamacpp_mamba import parse_shape
 from agent.bench.llamacpp_measure import Protocol
 from agent.bench.llamacpp_report import MAX_LOAD, MAX_OTHERS
 from agent.settings import Settings
-
-EXIT_UNDER_LOAD = 3  # the numbers are printed and written, but no ratio is valid
-
-
-def default_model_dir(settings: Settings) -> Path:
-    from agent.runtime.checkpoint import resolve_model_path
-
-    path = resolve_model_path("default", settings.models_dir)
-    if path is None or not (path / "config.json").is_file():
-        raise BuildError(f"the default model is not built in {settings.models_dir}; `laplace bench llamacpp -m default` "
-                         "builds it once (a download from PyPI)")
-    return path
-
-
-def bench_for_settings(settings: Settings, quick: bool, **options: Any) -> dict[str, Any]:
-    """`bench_llamacpp` on the default model under `settings.home`, paired with the dtype
-    LAPLACE_DTYPE selects (fp32 unless set)."""
-    try:
-        dtype = laplace_dtype(settings.dtype)
-    except ValueError as exc:
-        raise BuildError(str(exc)) from None
-    return bench_llamacpp(quick, home=settings.home, model_dir=default_model_dir(settings), default_dtype=dtype,
-                          teacher_url=settings.default_model_url, **options)
-
-
-def under_load(doc: dict[str, Any]) -> bool:
-    """True when the written results hold a llamacpp run whose ratios are not valid."""
-    res = (doc.get("results") or {}).get("llamacpp") or {}
-    return res.get("ratios_valid") is False
-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agent.bench.llamacpp_cli", description=__doc__.split("\n\n")[0])

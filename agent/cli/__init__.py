@@ -146,8 +146,7 @@ def bench(
         from agent.cli.models import ensure_model
 
         ensure_model(settings_of(ctx), model or "default")
-    from agent.bench.llamacpp import BENCH_ERRORS
-    from agent.bench.llamacpp_cli import EXIT_UNDER_LOAD, under_load
+    from agent.bench.llamacpp import BENCH_ERRORS, EXIT_UNDER_LOAD, under_load
 
     try:
         doc = run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
@@ -160,8 +159,7 @@ def bench(
 
 def _llamacpp(settings: Settings, shape: Optional[str]):  # type: ignore[no-untyped-def]
     """`laplace bench llamacpp` on this CLI's Settings; a bad --shape or LAPLACE_DTYPE fails before any work."""
-    from agent.bench.llamacpp import laplace_dtype
-    from agent.bench.llamacpp_cli import bench_for_settings
+    from agent.bench.llamacpp import bench_for_settings, laplace_dtype
     from agent.bench.llamacpp_mamba import parse_shape
 
     try:

@@ -141,7 +141,7 @@ def fake_bench(monkeypatch, tmp_path):
         return measure
 
     monkeypatch.setattr(lc, "measure_subject", measure_subject)
-    monkeypatch.setattr(llamacpp_cli, "default_model_dir", lambda settings: tmp_path / "default")
+    monkeypatch.setattr(lc, "default_model_dir", lambda settings: tmp_path / "default")
     monkeypatch.setattr("agent.cli.models.ensure_model", lambda settings, spec: None)
     return {"load": loads, "others": others}
 
@@ -172,7 +172,7 @@ def test_cli_writes_json_and_exits_3_under_load(fake_bench, tmp_path):
 
 def test_cli_under_load_from_others_during_the_run(fake_bench, tmp_path):
     fake_bench["others"]["value"] = 0.4
-    assert llamacpp_cli.main(["--out", str(tmp_path / "b.json"), "--settle", "0"]) == llamacpp_cli.EXIT_UNDER_LOAD
+    assert llamacpp_cli.main(["--out", str(tmp_path / "b.json"), "--settle", "0"]) == lc.EXIT_UNDER_LOAD
 
 
 @pytest.mark.parametrize("args, message", [
@@ -218,12 +218,12 @@ def test_the_default_model_must_be_built(tmp_path):
     from agent.settings import Settings
 
     with pytest.raises(BuildError, match="laplace bench llamacpp -m default"):
-        llamacpp_cli.default_model_dir(Settings(home=tmp_path))
+        lc.default_model_dir(Settings(home=tmp_path))
 
 
 def test_a_missing_toolchain_is_one_line_with_the_way_out(monkeypatch, tmp_path):
     monkeypatch.setattr("agent.bench.llamacpp_build.shutil.which", lambda name: None)
-    monkeypatch.setattr(llamacpp_cli, "default_model_dir", lambda settings: tmp_path / "default")
+    monkeypatch.setattr(lc, "default_model_dir", lambda settings: tmp_path / "default")
     monkeypatch.setattr("agent.cli.models.ensure_model", lambda settings, spec: None)
     r = CliRunner().invoke(app, ["bench", "llamacpp"])
     assert r.exit_code == 1
