@@ -3,7 +3,9 @@
 Both sides run the same protocol (`Protocol`): `depth` tokens read first (untimed), then
 `prompt` more tokens timed as prefill, and, from a fresh state of `depth` tokens, `gen`
 tokens decoded one at a time, timed as decode. That is what `llama-bench -p P -n N -d D`
-measures (its "pp P @ dD" and "tg N @ dD" tests), so the laplace child does the same.
+measures (its "pp P @ dD" and "tg N @ dD" tests), so the laplace child does the same. The
+llama-bench vendored in llama-cpp-python 0.3.36 has `-d/--n-depth`; for a recurrent model
+(Mamba-2) it reads the depth the same way, so both kinds of rows use one protocol.
 
 Peak RSS is each child's VmHWM, read from /proc/PID/status while it runs (it only grows, so
 the last reading is the peak to within the polling interval). `ru_maxrss` would not do: Linux
