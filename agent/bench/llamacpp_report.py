@@ -97,8 +97,9 @@ def load_verdict(load_before: float, load_after: float, others: Sequence[float],
 
 
 def subject_row(s: Subject, summary: Mapping[str, Any]) -> dict[str, Any]:
-    return {"model": s.model, "runtime": s.runtime, "weights": s.weights, "prefill_tok_s": summary["prefill_tok_s"],
-            "decode_tok_s": summary["decode_tok_s"], "peak_rss_MB": summary["peak_rss_MB"], "note": ""}
+    """Display strings (the table would print 72759.4 as 7.276e+04); the numbers are in "subjects"."""
+    cells = {k: f"{summary[k]:,.1f}" for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_MB")}
+    return {"model": s.model, "runtime": s.runtime, "weights": s.weights, **cells, "note": ""}
 
 
 def ratio_cell(r: Mapping[str, Any]) -> str:

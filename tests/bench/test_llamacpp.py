@@ -78,7 +78,9 @@ def test_report_rows_medians_ratios_and_floors():
     out = report(subjects, pairs, _fake_runs(subjects), verdict)
     assert out["ratios_valid"] is True
     rows = {(r["runtime"], r["weights"]): r for r in out["rows"]}
-    assert rows[("llama.cpp", "F32")]["decode_tok_s"] == 51.0 and rows[("laplace", "fp32")]["decode_tok_s"] == 25.5
+    assert out["subjects"]["default/llama.cpp/F32"]["decode_tok_s"] == 51.0
+    assert out["subjects"]["default/laplace/fp32"]["decode_tok_s"] == 25.5
+    assert rows[("llama.cpp", "F32")]["decode_tok_s"] == "51.0" and rows[("laplace", "fp32")]["peak_rss_MB"] == "750.0"
     assert rows[("laplace / llama.cpp", "fp32 / F32")]["decode_tok_s"].startswith("0.50x (")
     assert rows[("laplace / llama.cpp", "fp32 / F32")]["note"] == "below floor: decode, prefill, peak_rss"
     assert rows[("laplace / llama.cpp", "int8 / Q8_0")]["note"] == "floors met"
