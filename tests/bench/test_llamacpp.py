@@ -14,7 +14,7 @@ from agent.bench import llamacpp as lc
 from agent.bench import llamacpp_cli
 from agent.bench.llamacpp_build import BuildError, LlamaCpp
 from agent.bench.llamacpp_measure import Measurement, Protocol
-from agent.bench.llamacpp_report import Pair, Subject, load_verdict, pair_ratios, report
+from agent.bench.llamacpp_report import Subject, load_verdict, pair_ratios, report
 from agent.cli import app
 
 
