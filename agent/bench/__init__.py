@@ -65,9 +65,10 @@ def registry() -> dict[str, BenchFn]:
         return bench_cpu1b(quick)
 
     def llamacpp(quick: bool) -> dict[str, Any]:
-        from agent.bench.llamacpp import bench_llamacpp
+        from agent.bench.llamacpp import bench_for_settings
+        from agent.settings import Settings
 
-        return bench_llamacpp(quick)
+        return bench_for_settings(Settings.from_env(), quick)  # the CLI passes its own Settings instead
 
     def serve(quick: bool) -> dict[str, Any]:
         from pathlib import Path

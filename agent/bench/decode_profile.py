@@ -3,8 +3,8 @@ ops by self CPU time, and how many aten calls one step makes.
 
     python -m agent.bench.decode_profile MODEL_DIR [--steps 32] [--threads 2] [--int8] [--top 15] [--reference]
 
-MODEL_DIR is any laplace model directory (an imported checkpoint, e.g. the one
-`python -m agent.bench.llamacpp_cli --keep DIR` leaves under DIR/.../models/). The steps
+MODEL_DIR is any laplace model directory (an imported checkpoint, e.g. the Mamba-2 one
+`laplace bench llamacpp` keeps under $LAPLACE_HOME/bench/llamacpp/mamba2-*/laplace). The steps
 follow a 512-token prefill and a few unprofiled warm-up steps; figures are per step. The
 lean in-place step (`LaplaceModel.step_`) is profiled, or with --reference the model's
 `forward` at T = 1, which returns a new state every token (the form before the lean step).

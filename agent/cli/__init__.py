@@ -99,8 +99,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for serve: the model to serve (default tiny)."),
-    shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: mamba2-130m (default) | tiny, then key=value overrides."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for serve: the model to serve (default tiny); for llamacpp: default (the only model with its GGUF at hand)."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: the Mamba-2 rows' shape, mamba2-130m (default) | tiny, then key=value overrides."),
     report_dir: str = typer.Option("laplace-serve-report", "--report-dir", help="serve: where report.md, report.json and the PNGs go."),
     rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
     duration: Optional[float] = typer.Option(None, "--duration", help="serve: seconds of arrivals per rate."),
@@ -130,9 +130,13 @@ def bench(
     elif serve_flags:
         raise fail("--rates, --duration, --users and --compile-backend apply to the serve benchmark only: "
                    "laplace bench serve ...")
+    elif model is not None and chosen == ["llamacpp"]:
+        if model != "default":
+            raise fail(f"llamacpp compares the default model with the GGUF it is built from; -m {model} has no such GGUF: "
+                       "laplace bench llamacpp -m default")
     elif model is not None:
         if chosen != ["cpu1b"]:
-            raise fail("-m applies to the cpu1b and serve benchmarks only: laplace bench cpu1b -m MODEL")
+            raise fail("-m applies to the cpu1b, serve and llamacpp benchmarks only: laplace bench cpu1b -m MODEL")
         from functools import partial
 
         from agent.bench.cpu1b import bench_cpu1b
@@ -141,27 +145,43 @@ def bench(
     elif chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
                                         compile_backend=None, users=None)
-    if shape is not None:
-        if chosen != ["llamacpp"]:
-            raise fail("--shape applies to the llamacpp benchmark only: laplace bench llamacpp --shape SHAPE")
-        from agent.bench.llamacpp import bench_llamacpp, parse_shape
-
-        try:
-            parse_shape(shape)
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        benches["llamacpp"] = lambda q: bench_llamacpp(q, shape=shape)
+    if shape is not None and chosen != ["llamacpp"]:
+        raise fail("--shape applies to the llamacpp benchmark only: laplace bench llamacpp --shape SHAPE")
+    if "llamacpp" in chosen:
+        benches["llamacpp"] = _llamacpp(settings_of(ctx), shape)
     if "finetune-memory" in chosen:  # it trains the user's default model: settings are read here, at the edge
         from functools import partial
 
         from agent.bench.memory import bench_finetune_memory
 
         benches["finetune-memory"] = partial(bench_finetune_memory, models_dir=str(settings_of(ctx).models_dir))
-    if model is not None:  # the flags are checked: now build the default if it is the one asked for
+    if model is not None or "llamacpp" in chosen:  # the flags are checked: now build the default if it is needed
         from agent.cli.models import ensure_model
 
-        ensure_model(settings_of(ctx), model)
-    run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
+        ensure_model(settings_of(ctx), model or "default")
+    from agent.bench.llamacpp import BENCH_ERRORS, EXIT_UNDER_LOAD, under_load
+
+    try:
+        doc = run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
+    except BENCH_ERRORS as exc:
+        raise fail(str(exc)) from None
+    if under_load(doc):
+        raise fail(f"llamacpp: the machine was busy, so no ratio is valid (numbers written to {out}); run it again with "
+                   "nothing else running", code=EXIT_UNDER_LOAD)
+
+
+def _llamacpp(settings: Settings, shape: Optional[str]):  # type: ignore[no-untyped-def]
+    """`laplace bench llamacpp` on this CLI's Settings; a bad --shape or LAPLACE_DTYPE fails before any work."""
+    from agent.bench.llamacpp import bench_for_settings, laplace_dtype
+    from agent.bench.llamacpp_mamba import parse_shape
+
+    try:
+        if shape is not None:
+            parse_shape(shape)
+        laplace_dtype(settings.dtype)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return lambda quick: bench_for_settings(settings, quick, mamba_shape=shape)
 
 
 def _serve_pilot(settings: Settings, *, model: Optional[str], report_dir: str, rates: Optional[str],

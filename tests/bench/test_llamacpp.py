@@ -1,231 +1,248 @@
-"""`laplace bench llamacpp`: the skip path, the arithmetic, the converter's extraction, and
-the random checkpoint laplace imports and runs. None of it needs llama.cpp, except the one
-slow test that runs the whole bench at the tiny shape when llama_cpp is importable."""
+"""`laplace bench llamacpp`: the plan, the rounds, the ratios and the load verdict on fake
+measurements; the CLI's argument errors and its exit code under load; nothing here builds
+llama.cpp or times anything (tests/bench/test_llamacpp_build.py holds the build's tests)."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import os
-import tarfile
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from agent.bench import llamacpp as lc
+from agent.bench import llamacpp_cli
+from agent.bench.llamacpp_build import BuildError, LlamaCpp
+from agent.bench.llamacpp_measure import Measurement, Protocol
+from agent.bench.llamacpp_report import Subject, load_verdict, pair_ratios, report
 from agent.cli import app
 
 
-def test_skipped_without_llama_cpp_says_how_to_get_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(lc, "llama_cpp_available", lambda: False)
-    res = lc.bench_llamacpp(True)
-    assert res["skipped"] is True and res["rows"] == []
-    assert "pip install 'laplace[llamacpp]'" in res["reason"] and "20 minutes" in res["reason"]
-    # From the CLI: exit 0, one clear line, JSON written and marked skipped.
+def test_plan_pairs_the_matching_formats_and_the_default_dtype_with_q4_1():
+    subjects, pairs = lc.plan("int8", "mamba2-130m")
+    assert [s.key for s in subjects[:6]] == ["default/laplace/fp32", "default/llama.cpp/F32", "default/laplace/int8",
+                                             "default/llama.cpp/Q8_0", "default/laplace/bf16", "default/llama.cpp/Q4_1"]
+    assert [(p.name, p.matching) for p in pairs] == [
+        ("default: fp32 vs F32", True), ("default: int8 vs Q8_0", True), ("default: int8 vs Q4_1", False),
+        ("mamba2-130m: fp32 vs F32", True), ("mamba2-130m: int8 vs Q8_0", True)]
+    assert len(lc.plan("fp32", None)[0]) == 6  # no Mamba-2 rows
+    assert lc.laplace_dtype("float32") == "fp32" and lc.laplace_dtype("bfloat16") == "bf16"
+    with pytest.raises(ValueError, match="LAPLACE_DTYPE='float16'"):
+        lc.laplace_dtype("float16")
+
+
+def test_rounds_alternate_every_subject_once_per_round():
+    subjects, _ = lc.plan("fp32", None)
+    order: list[str] = []
+
+    def measure(s: Subject, path: Path) -> Measurement:
+        order.append(s.key)
+        assert path == Path(s.key)
+        return Measurement(1.0, 1.0, 1.0)
+
+    runs = lc.run_rounds(subjects, {s.key: Path(s.key) for s in subjects}, 3, measure, log=lambda line: None)
+    assert order == [s.key for s in subjects] * 3
+    assert all(len(v) == 3 for v in runs.values())
+
+
+def _m(prefill: float, decode: float, rss: float, others: float = 0.0) -> Measurement:
+    return Measurement(prefill, decode, rss, others)
+
+
+def test_ratios_are_per_round_then_median_laplace_over_llama_cpp():
+    lap = [_m(400, 13, 950), _m(410, 12, 940), _m(420, 14, 960)]
+    cpp = [_m(800, 65, 580), _m(820, 60, 590), _m(840, 70, 600)]
+    r = pair_ratios(lap, cpp)
+    assert r["decode"]["rounds"] == [0.2, 0.2, 0.2] and r["decode"]["median"] == 0.2
+    assert r["prefill"]["median"] == 0.5
+    assert r["peak_rss"]["rounds"] == [pytest.approx(1.638, abs=1e-3), pytest.approx(1.593, abs=1e-3), 1.6]
+    with pytest.raises(ValueError):
+        pair_ratios(lap, cpp[:2])
+
+
+def _fake_runs(subjects, others: float = 0.0) -> dict[str, list[Measurement]]:
+    """laplace at half llama.cpp's speed and 1.5x its memory, except int8: faster and leaner."""
+    runs = {}
+    for s in subjects:
+        base = [_m(100 + i, 50 + i, 500, others) for i in range(3)]
+        if s.runtime == "laplace":
+            f, mem = (1.5, 0.9) if s.weights == "int8" else (0.5, 1.5)
+            base = [_m(m.prefill_tok_s * f, m.decode_tok_s * f, m.peak_rss_MB * mem, others) for m in base]
+        runs[s.key] = base
+    return runs
+
+
+def test_report_rows_medians_ratios_and_floors():
+    subjects, pairs = lc.plan("fp32", None)
+    verdict = load_verdict(0.1, 1.9, [0.01, 0.02])
+    out = report(subjects, pairs, _fake_runs(subjects), verdict)
+    assert out["ratios_valid"] is True
+    rows = {(r["runtime"], r["weights"]): r for r in out["rows"]}
+    assert out["subjects"]["default/llama.cpp/F32"]["decode_tok_s"] == 51.0
+    assert out["subjects"]["default/laplace/fp32"]["decode_tok_s"] == 25.5
+    assert rows[("llama.cpp", "F32")]["decode_tok_s"] == "51.0" and rows[("laplace", "fp32")]["peak_rss_MB"] == "750.0"
+    assert rows[("laplace / llama.cpp", "fp32 / F32")]["decode_tok_s"].startswith("0.50x (")
+    assert rows[("laplace / llama.cpp", "fp32 / F32")]["note"] == "below floor: decode, prefill, peak_rss"
+    assert rows[("laplace / llama.cpp", "int8 / Q8_0")]["note"] == "floors met"
+    assert rows[("laplace / llama.cpp", "fp32 / Q4_1")]["note"] == ""  # reported, not held to a floor
+    assert out["pairs"]["default: int8 vs Q8_0"]["floors_met"] == {"decode": True, "prefill": True, "peak_rss": True}
+    assert out["pairs"]["default: fp32 vs Q4_1"]["floors_met"] is None
+    json.dumps(out)  # all of it goes into the JSON file
+
+
+@pytest.mark.parametrize("before, others, valid, reason", [
+    (0.2, [0.0, 0.05], True, None),
+    (0.8, [0.0], False, "1-min load average 0.80 before the run, over 0.5"),
+    (0.1, [0.0, 0.3], False, "other processes took 30% of the CPU during a run, over 10%"),
+], ids=["quiet", "loaded-before", "busy-during"])
+def test_load_verdict(before, others, valid, reason):
+    v = load_verdict(before, 2.0, others)
+    assert v["valid"] is valid
+    assert v["reasons"] == ([] if reason is None else [reason])
+    assert v["load_after"] == 2.0  # reported; it includes the run's own threads, so it judges nothing
+
+
+def test_ratios_measured_under_load_are_marked_not_valid():
+    subjects, pairs = lc.plan("fp32", None)
+    out = report(subjects, pairs, _fake_runs(subjects), load_verdict(1.5, 2.0, [0.0]))
+    assert out["ratios_valid"] is False and out["load"]["reasons"]
+    ratio_rows = [r for r in out["rows"] if r["runtime"] == "laplace / llama.cpp"]
+    assert len(ratio_rows) == 3 and all(r["note"] == "NOT VALID: measured under load" for r in ratio_rows)
+    assert ratio_rows[0]["decode_tok_s"].startswith("0.50x")  # the numbers are still printed
+
+
+def test_settle_waits_for_the_load_to_fall_but_not_forever():
+    loads = iter([2.0, 1.2, 0.6, 0.4])
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    got = lc.settle(0.5, 60, log=lambda line: None, clock=lambda: now[0], sleep=sleep, loadavg=lambda: (next(loads), 0, 0))
+    assert got == 0.4 and now[0] == 15.0
+    got = lc.settle(0.5, 10, log=lambda line: None, clock=lambda: now[0], sleep=sleep, loadavg=lambda: (3.0, 0, 0))
+    assert got == 3.0  # gave up after 10 s: the verdict will say so
+
+
+@pytest.fixture
+def fake_bench(monkeypatch, tmp_path):
+    """bench_llamacpp with no build, download or child: fake tools, files and measurements."""
+    loads = {"value": 0.1}
+    others = {"value": 0.0}
+    monkeypatch.setattr(lc, "prepare_tools", lambda home, d, jobs, log: LlamaCpp(tmp_path / "tools"))
+    monkeypatch.setattr(lc, "default_model_ggufs", lambda tools, home, url=None: {
+        t: tmp_path / f"m.{t}.gguf" for t in ("Q4_1", "F32", "Q8_0")})
+    monkeypatch.setattr(lc, "prepare_mamba", lambda tools, home, shape, log: (None, {}, "left out in tests"))
+    monkeypatch.setattr(lc.os, "getloadavg", lambda: (loads["value"], 0.0, 0.0))
+    monkeypatch.setattr(lc, "settle", lambda max_load, wait_s, log: loads["value"])  # no waiting in tests
+
+    def measure_subject(tools, protocol):
+        def measure(s, path):
+            f = 0.5 if s.runtime == "laplace" else 1.0
+            return Measurement(100 * f, 50 * f, 500 / f, others["value"])
+        return measure
+
+    monkeypatch.setattr(lc, "measure_subject", measure_subject)
+    monkeypatch.setattr(lc, "default_model_dir", lambda settings: tmp_path / "default")
+    monkeypatch.setattr("agent.cli.models.ensure_model", lambda settings, spec: None)
+    return {"load": loads, "others": others}
+
+
+def test_bench_end_to_end_on_fakes(fake_bench, tmp_path):
+    res = lc.bench_llamacpp(False, home=tmp_path, model_dir=tmp_path / "default", settle_s=0, log=lambda line: None)
+    assert res["ratios_valid"] is True and res["rounds"] == 3
+    assert res["protocol"] == {"threads": 2, "prompt": 512, "gen": 128, "depth": 512, "seed": 0}
+    assert res["summary"]["protocol"].startswith("llama-bench -t 2 -p 512 -n 128 -d 512")
+    assert "Mamba-2 rows skipped: left out in tests" in res["summary"]["mamba2"]
+    assert res["pairs"]["default: fp32 vs F32"]["ratios"]["decode"]["median"] == 0.5
+
+
+def test_cli_writes_json_and_exits_3_under_load(fake_bench, tmp_path):
     out = tmp_path / "b.json"
-    cli = CliRunner().invoke(app, ["bench", "llamacpp", "--out", str(out)])
-    assert cli.exit_code == 0, cli.output
-    assert "pip install 'laplace[llamacpp]'" in cli.output
-    assert "pip install 'laplace' " not in cli.output  # the summary line too, though rich reads [x] as markup
-    assert json.loads(out.read_text())["results"]["llamacpp"]["skipped"] is True
+    fake_bench["load"]["value"] = 1.7
+    r = CliRunner().invoke(app, ["bench", "llamacpp", "-m", "default", "--out", str(out)])
+    assert r.exit_code == 3, r.output
+    assert "no ratio is valid" in r.output and "NOT VALID" in r.output
+    res = json.loads(out.read_text())["results"]["llamacpp"]
+    assert res["ratios_valid"] is False and res["load"]["load_before"] == 1.7
+    assert res["subjects"]["default/laplace/fp32"]["decode_tok_s"] == 25.0  # the numbers are kept
+    fake_bench["load"]["value"] = 0.1
+    r = CliRunner().invoke(app, ["bench", "llamacpp", "--out", str(out)])  # -m default is implied
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["results"]["llamacpp"]["ratios_valid"] is True
 
 
-def test_skipped_without_the_converter(monkeypatch, tmp_path):
-    monkeypatch.setattr(lc, "llama_cpp_available", lambda: True)
-    res = lc.bench_llamacpp(True, converter=tmp_path / "nowhere")
-    assert res["skipped"] is True and "convert_hf_to_gguf.py" in res["reason"]
-
-    def offline(into: Path) -> Path:
-        raise lc.Skip(f"could not download the llama-cpp-python sdist (offline); {lc.CONVERTER_HINT}")
-
-    monkeypatch.setattr(lc, "fetch_sdist", offline)
-    res = lc.bench_llamacpp(True, cache=tmp_path / "cache")
-    assert res["skipped"] is True and "pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36" in res["reason"]
-    assert not (tmp_path / "cache" / "converter").exists()
+def test_cli_under_load_from_others_during_the_run(fake_bench, tmp_path):
+    fake_bench["others"]["value"] = 0.4
+    assert llamacpp_cli.main(["--out", str(tmp_path / "b.json"), "--settle", "0"]) == lc.EXIT_UNDER_LOAD
 
 
-def test_cli_shape_is_checked_and_for_llamacpp_only(monkeypatch):
-    monkeypatch.setattr(lc, "llama_cpp_available", lambda: False)
-    r = CliRunner().invoke(app, ["bench", "decode", "--shape", "tiny"])
-    assert r.exit_code == 1 and "--shape applies to the llamacpp benchmark only" in r.output
-    r = CliRunner().invoke(app, ["bench", "llamacpp", "--shape", "tiny,warp=9"])
-    assert r.exit_code == 1 and "bad shape override" in r.output
+@pytest.mark.parametrize("args, message", [
+    (["bench", "llamacpp", "-m", "demo"], "-m demo has no such GGUF: laplace bench llamacpp -m default"),
+    (["bench", "llamacpp", "--shape", "tiny,warp=9"], "bad shape override"),
+    (["bench", "llamacpp", "--shape", "mamba3"], "unknown shape"),
+    (["bench", "decode", "--shape", "tiny"], "--shape applies to the llamacpp benchmark only"),
+    (["bench", "decode", "-m", "default"], "-m applies to the cpu1b, serve and llamacpp benchmarks only"),
+], ids=["other-model", "bad-override", "unknown-shape", "shape-elsewhere", "m-elsewhere"])
+def test_cli_argument_errors(args, message, monkeypatch):
+    monkeypatch.setattr("agent.cli.models.ensure_model", lambda *a: pytest.fail("no model is built for a bad command"))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1 and message in r.output
 
 
-def _sdist(path: Path, files: dict[str, bytes]) -> str:
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def test_cli_refuses_a_dtype_it_cannot_pair(monkeypatch):
+    monkeypatch.setenv("LAPLACE_DTYPE", "float16")
+    monkeypatch.setattr("agent.cli.models.ensure_model", lambda *a: pytest.fail("no model is built for a bad command"))
+    r = CliRunner().invoke(app, ["bench", "llamacpp"])
+    assert r.exit_code == 1 and "LAPLACE_DTYPE='float16' is not one the bench can pair" in r.output
 
 
-def test_converter_extraction_is_pinned_and_takes_only_the_converter(tmp_path):
-    root = lc._SDIST_ROOT
-    files = {root + p: b"x" for p in lc._CONVERTER_CHECK}
-    files |= {root + "conversion/llama.py": b"x", root + "gguf-py/gguf/quants.py": b"x",
-              root + "ggml/src/ggml.c": b"big", root + "models/ggml-vocab-llama-bpe.gguf": b"big",
-              "llama_cpp_python-0.3.36/llama_cpp/llama.py": b"x"}
-    sdist = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
-    digest = _sdist(sdist, files)
-    with pytest.raises(lc.Skip, match="not the pinned"):
-        lc.extract_converter(sdist, tmp_path / "conv")  # the real pin: this file is not it
-    assert not (tmp_path / "conv").exists()
-    conv = lc.extract_converter(sdist, tmp_path / "conv", sha256=digest)
-    assert lc.converter_ok(conv)
-    got = sorted(str(p.relative_to(conv)) for p in conv.rglob("*") if p.is_file())
-    assert got == sorted([*lc._CONVERTER_CHECK, "conversion/llama.py", "gguf-py/gguf/quants.py"])
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no half-written directory left
-    # An existing, complete converter is used as it is.
-    assert lc.ensure_converter(converter=conv) == conv
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["-p", "0"], None), (["-d", "-1"], "depth must be 0 or more"), (["-t", "0"], "threads must be at least 1"),
+    (["--jobs", "0"], "--jobs must be at least 1"), (["--shape", "tiny,layers=x"], "bad shape override"),
+], ids=["rounds", "prompt-zero-is-default", "depth", "threads", "jobs", "shape"])
+def test_knobs_are_checked(argv, message):
+    a = llamacpp_cli.parser().parse_args(argv)
+    if message is None:
+        assert llamacpp_cli.options_from(a)["protocol"] == Protocol()
+        return
+    with pytest.raises(ValueError, match=message):
+        llamacpp_cli.options_from(a)
 
 
-def test_median_ratio_and_bandwidth_arithmetic():
-    assert lc.median([3.0, 1.0, 2.0]) == 2.0
-    assert lc.ratios([2.0, 3.0, 8.0], [1.0, 2.0, 4.0]) == [2.0, 1.5, 2.0]
-    with pytest.raises(ValueError):
-        lc.ratios([1.0], [1.0, 2.0])
-    # 515 MB per token at 61.3 tokens/s against 42 GB/s: 75% of the bound.
-    assert lc.share_of_bound(515e6, 61.3, 42e9) == pytest.approx(0.7517, abs=1e-4)
-    assert lc.best_bandwidth({"read_Bps": 20e9, "copy_Bps": 30e9}, {"read_Bps": 25e9, "copy_Bps": 28e9}) == {
-        "read_Bps": 25e9, "copy_Bps": 30e9}
-    # Tied: the embedding is read whole, as the LM head. Untied: one row of it, and the head whole.
-    tensors = {"embed": (1000 * 16, 1000), "layer": (500, 5), "norm": (16, 1)}
-    assert lc.decode_bytes_per_token(tensors, embed="embed", head=None) == 16000 + 500 + 16
-    tensors["head"] = (16000, 1000)
-    assert lc.decode_bytes_per_token(tensors, embed="embed", head="head") == 16 + 500 + 16 + 16000
-    assert lc.agreement([1, 2, 3, 4], [1, 2, 3, 4]) == (4, None)
-    assert lc.agreement([1, 2, 9, 4], [1, 2, 3, 4]) == (3, 2)
+def test_knob_errors_exit_2_before_any_work(capsys):
+    assert llamacpp_cli.main(["--rounds", "0"]) == 2
+    assert "error: --rounds must be at least 1" in capsys.readouterr().err
 
 
-def test_apply_bound_fills_both_sides():
-    pair = {"rows": [{"runtime": "laplace"}, {"runtime": "llama.cpp"}, {"runtime": "ratio"}],
-            "raw": {"bytes_per_token": {"laplace": 100e6, "llama_cpp": 50e6}, "decode_tok_s": {"laplace": 20.0, "llama_cpp": 100.0}}}
-    lc.apply_bound(pair, {"read_Bps": 10e9})
-    assert [r.get("pct_of_bw_bound") for r in pair["rows"]] == [20.0, 50.0, None]
+def test_the_default_model_must_be_built(tmp_path):
+    from agent.settings import Settings
+
+    with pytest.raises(BuildError, match="laplace bench llamacpp -m default"):
+        lc.default_model_dir(Settings(home=tmp_path))
 
 
-def test_others_cpu_share():
-    # 10 s of wall time on 2 CPUs; 12 CPU-seconds busy, 8 of them our child's: others used 4 of 20.
-    assert lc.others_cpu_share((0.0, 100.0, 5.0), (10.0, 112.0, 13.0)) == pytest.approx(0.2 * 2 / (os.cpu_count() or 1))
-    assert lc.others_cpu_share((0.0, 100.0, 5.0), (10.0, 105.0, 13.0)) == 0.0
+def test_a_missing_toolchain_is_one_line_with_the_way_out(monkeypatch, tmp_path):
+    monkeypatch.setattr("agent.bench.llamacpp_build.shutil.which", lambda name: None)
+    monkeypatch.setattr(lc, "default_model_dir", lambda settings: tmp_path / "default")
+    monkeypatch.setattr("agent.cli.models.ensure_model", lambda settings, spec: None)
+    r = CliRunner().invoke(app, ["bench", "llamacpp"])
+    assert r.exit_code == 1
+    err = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "needs cmake and a C compiler" in err[0]
+    assert "apt-get install cmake build-essential" in err[0] and "--llama-cpp DIR" in err[0]
 
 
-def test_compare_pair_medians_ratios_and_redone_rounds(monkeypatch, tmp_path):
-    """compare_pair end to end on fake children: laplace runs at 10, 20, 30 tok/s, llama.cpp
-    at 40, 40, 45; one round under load is run again and left out."""
-    import numpy as np
+def test_a_failed_child_is_an_error_line_not_a_traceback(fake_bench, monkeypatch, tmp_path):
+    from agent.bench.llamacpp_measure import MeasureError
 
-    speeds = {"laplace": iter([10.0, 99.0, 20.0, 30.0]), "llama": iter([40.0, 99.0, 40.0, 45.0])}
-    busy = iter([0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0])  # the second round's laplace run is disturbed
+    def measure_subject(tools, protocol):
+        def measure(s, path):
+            raise MeasureError("llama-bench on m.Q8_0.gguf failed (exit -11):\nno output")
+        return measure
 
-    def fake_child(code, spec, workdir, tag):
-        side = "laplace" if code is lc.LAPLACE_CHILD else "llama"
-        tps = next(speeds[side])
-        np.save(spec["logits_out"], np.arange(8, dtype=np.float32) + (0.25 if side == "llama" else 0.0))
-        res = {"vocab": 8, "prefill_s": {str(n): n / (10 * tps) for n in spec["lengths"]},
-               "decode_s": spec["decode_tokens"] / tps, "tokens": [1, 2, 3, 4] if side == "laplace" else [1, 2, 5, 4],
-               "rss": {"peak_kb": 1024 * (100 if side == "laplace" else 50)}, "others_cpu_share": next(busy)}
-        if side == "laplace":
-            res |= {"tensors": {"embed.weight": [800, 8], "blocks.0.w": [200, 2]}, "params": 250}
-        else:
-            res |= {"model_bytes": 500, "params": 250}
-        return res
-
-    monkeypatch.setattr(lc, "run_child", fake_child)
-    pair = lc.compare_pair(tmp_path / "model", tmp_path / "m.gguf", gguf_label="F32", rounds=3, lengths=(8, 16),
-                           decode_tokens=4, ids=list(range(8)) * 2, bandwidth={"read_Bps": 1000.0}, workdir=tmp_path,
-                           redo_wait_s=0)
-    lap, cpp, ratio = pair["rows"]
-    assert pair["raw"]["rounds_redone"] == [{"round": 1, "others_cpu_share": 0.5}]
-    assert lap["decode_tok_s"] == 20.0 and cpp["decode_tok_s"] == 40.0
-    assert lap["prefill8_tok_s"] == 200.0 and cpp["prefill16_tok_s"] == 400.0
-    assert pair["raw"]["per_round_ratios"]["decode_tok_s"] == [4.0, 2.0, 1.5]
-    assert ratio["decode_tok_s"] == "2.00 (4.00 2.00 1.50)" and ratio["peak_rss_MB"].startswith("0.50")
-    assert (ratio["greedy_top1"], ratio["first_divergence"], ratio["max_logit_diff"]) == ("3/4", 2, 0.25)
-    # 1000 bytes per token (tied), 20 tok/s, 1000 B/s: 2000% of the bound; llama.cpp 500 B at 40 tok/s: the same.
-    assert lap["MB_read_per_token"] == 0.0 and lap["pct_of_bw_bound"] == 2000.0 and cpp["pct_of_bw_bound"] == 2000.0
-
-
-def test_q8_0_bytes():
-    assert lc.q8_0_bytes(32) == 34
-    assert lc.q8_0_bytes(768 * 1536) == 768 * 1536 // 32 * 34
-    # Mamba-2-130M's tied embedding, as llama.cpp stores it in Q8_0: 41.0 MB instead of 154.5 MB in F32.
-    assert lc.q8_0_bytes(50288 * 768) == 41_035_008
-    with pytest.raises(ValueError):
-        lc.q8_0_bytes(33)
-
-
-def test_parse_shape():
-    assert lc.parse_shape(None) == lc.SHAPES["mamba2-130m"]
-    assert lc.parse_shape("tiny") == lc.SHAPES["tiny"]
-    s = lc.parse_shape("mamba2-130m,d_model=1024,layers=48")
-    assert (s["hidden_size"], s["num_hidden_layers"], s["num_heads"]) == (1024, 48, 32)  # heads follow d_model
-    with pytest.raises(ValueError, match="unknown shape"):
-        lc.parse_shape("mamba3")
-    with pytest.raises(ValueError, match="num_heads x head_dim"):
-        lc.parse_shape("tiny,num_heads=3")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("llamacpp")
-    hf = lc.build_random_checkpoint(root / "hf", "tiny", seed=0)
-    return hf, lc.import_checkpoint_dir(hf, root / "models", "bench-tiny")
-
-
-def test_random_checkpoint_imports_and_runs_like_transformers(tiny_model, tmp_path):
-    import torch
-    from transformers import Mamba2ForCausalLM
-
-    from agent.runtime.checkpoint import load_model_dir
-    from agent.runtime.generation import EagerRunner
-
-    hf, model_dir = tiny_model
-    cfg = json.loads((hf / "config.json").read_text())
-    assert cfg["hidden_size"] == 64 and cfg["tie_word_embeddings"] is True
-    view = lc.gguf_source_view(hf, tmp_path / "view")  # what llama.cpp's converter sees: no tokenizer
-    assert sorted(p.name for p in view.iterdir()) == ["config.json", "model.safetensors"]
-    ids = lc.prompt_ids(cfg["vocab_size"], 40)
-    ref = Mamba2ForCausalLM.from_pretrained(hf).eval()
-    with torch.inference_mode():
-        want = ref(torch.tensor([ids])).logits[0, -1]
-        got, _ = EagerRunner(load_model_dir(model_dir).model).prefill(ids)
-    assert torch.allclose(got[0], want, atol=1e-4)
-
-
-def test_laplace_child_times_and_counts_bytes(tiny_model, tmp_path):
-    """The laplace side's child process, on its own: the protocol compare_pair reads."""
-    _, model_dir = tiny_model
-    ids = lc.prompt_ids(512, 128)
-    base = {"ids": ids, "lengths": [64, 128], "decode_tokens": 5, "threads": 2, "model": str(model_dir)}
-    fp32 = lc.run_child(lc.LAPLACE_CHILD, {**base, "weights": "fp32", "logits_out": str(tmp_path / "a.npy")}, tmp_path, "fp32")
-    assert set(fp32["prefill_s"]) == {"64", "128"} and fp32["decode_s"] > 0 and len(fp32["tokens"]) == 5
-    assert fp32["rss"]["peak_kb"] >= fp32["rss"]["loaded_kb"] > 0
-    assert lc._laplace_bytes(fp32) == 4 * fp32["params"]  # tied: every fp32 weight, the embedding once
-    int8 = lc.run_child(lc.LAPLACE_CHILD, {**base, "weights": "int8", "logits_out": str(tmp_path / "b.npy")}, tmp_path, "int8")
-    assert "lm_head.weight" in int8["tensors"] and "embed.weight" not in int8["tensors"]  # the tied head is int8 too
-    assert lc._laplace_bytes(int8) < 0.4 * lc._laplace_bytes(fp32)
-    assert (tmp_path / "a.npy").is_file() and (tmp_path / "b.npy").is_file()
-
-
-@pytest.mark.slow
-def test_whole_bench_at_the_tiny_shape():
-    pytest.importorskip("llama_cpp")
-    try:
-        lc.ensure_converter()
-    except lc.Skip as exc:
-        pytest.skip(str(exc))
-    res = lc.bench_llamacpp(True, rounds=2, decode_tokens=16)
-    assert not res.get("skipped")
-    assert [r["runtime"] for r in res["rows"]] == ["laplace", "llama.cpp", "laplace", "llama.cpp", "llama.cpp / laplace",
-                                                   "llama.cpp / laplace"]
-    for r in res["rows"][:4]:
-        assert r["decode_tok_s"] > 0 and r["prefill512_tok_s"] > 0 and r["peak_rss_MB"] > 0 and r["pct_of_bw_bound"] >= 0
-    agree = res["pairs"]["fp32_vs_F32"]["agreement"]
-    assert agree["identical"] == agree["of"] == 16 and agree["max_abs_logit_diff"] < 1e-3
-    assert res["pairs"]["int8_vs_Q8_0"]["gguf_tensor_types"] == ["F32", "Q8_0"]
-    assert set(res["quantization_drift"]) == {"fp32_logit_std", "laplace", "llama_cpp", "line"}
+    monkeypatch.setattr(lc, "measure_subject", measure_subject)
+    r = CliRunner().invoke(app, ["bench", "llamacpp", "--out", str(tmp_path / "b.json")])
+    assert r.exit_code == 1 and "error: llama-bench on m.Q8_0.gguf failed (exit -11)" in r.output
+    assert "Traceback" not in r.output
