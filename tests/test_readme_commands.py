@@ -115,7 +115,7 @@ def test_every_command_and_flag_in_the_table_exists() -> None:
         if words[0] == "bench":  # the benchmark names listed are exactly the registry's
             from agent.bench import registry
 
-            listed = re.search(r"\[([a-z0-9 ]+)\]", cell).group(1).split()  # type: ignore[union-attr]
+            listed = re.search(r"\[([a-z0-9 -]+)\]", cell).group(1).split()  # type: ignore[union-attr]
             assert listed == list(registry()), f"the table lists {listed}, `laplace bench --list` has {list(registry())}"
     assert seen == set(CLI.commands), f"commands missing from the table: {set(CLI.commands) - seen}"
 
