@@ -1,8 +1,8 @@
-"""Layer parts shared by every token mixer: norms, the short conv, the GLU, padding masks
-and the one call into the Simple-GLA kernel.
+"""Layer parts shared by every token mixer: norms, the short conv, the GLU, padding masks,
+rotary positions and the one call into the Simple-GLA kernel.
 
-The mixers (`model.GLAAttention`, `ssd.SSDMixer`) are built from these; none of them
-holds state: caches and GLA states go in and come out explicitly.
+The mixers (`mixers.GLAAttention`, `ssd.SSDMixer`, `window.WindowAttention`) are built
+from these; none of them holds state: caches and GLA states go in and come out explicitly.
 """
 
 from __future__ import annotations
@@ -18,6 +18,30 @@ from agent.runtime.gla import gla_chunked, gla_step, gla_step_
 def f32(t: Tensor) -> Tensor:
     """`t` as fp32, with no dispatch when it already is (a decode step makes many such calls)."""
     return t if t.dtype == torch.float32 else t.float()
+
+
+def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """(cos, sin) [..., dim] of rotary angles at `positions` [...], as Hugging Face Llama
+    builds them: inverse frequencies in fp32, angles and their cos/sin in `dtype`, each
+    half of the channels repeated (the rotate-half layout). A table of these, looked up by
+    position, gives bit for bit what `rope` computes from the positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
+    ang = positions.to(dtype)[..., None] * inv.to(dtype)
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    D = x.shape[-1]
+    return torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate x [..., N, D] to positions [..., N] (broadcast against x's leading dims) in
+    x's dtype: the one RoPE of the runtime (the window mixer, its float64 reference and
+    the softmax baseline). A negative position rotates back: rope(rope(x, p), -p) ~= x."""
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return x * cos + rotate_half(x) * sin
 
 
 class RMSNorm(nn.Module):
