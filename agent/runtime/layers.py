@@ -15,6 +15,9 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.gla import gla_chunked, gla_step, gla_step_
 
 
+StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
+
+
 def f32(t: Tensor) -> Tensor:
     """`t` as fp32, with no dispatch when it already is (a decode step makes many such calls)."""
     return t if t.dtype == torch.float32 else t.float()
@@ -65,6 +68,15 @@ class GLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+@torch.no_grad()
+def init_ffn(ffn: GLU | None, gen: torch.Generator, std: float, out_std: float) -> None:
+    """The block's GLU, drawn before the mixer's own weights (the ssd and window order)."""
+    if ffn is None:
+        return
+    for lin, s in ((ffn.w1, std), (ffn.w3, std), (ffn.w2, out_std)):
+        lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * s)
 
 
 class ShortConv(nn.Module):

@@ -44,13 +44,14 @@ with true positions and un-rotated keys; `naive_forward` runs a whole model thro
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import rope, run_gla
+from agent.runtime.layers import GLU, StateSpec, init_ffn, rope, run_gla
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -284,8 +285,20 @@ class GLABranch(nn.Module):
 
 
 class WindowAttention(nn.Module):
-    """The teacher's q, k, v, o around `window_attention`, plus the optional GLA branch.
-    State in and out: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1], pos [B]."""
+    """The teacher's q, k, v, o around `window_attention`, plus the optional GLA branch; the
+    interface of `mixers.py`. State: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1]
+    with the branch; it reads positions."""
+
+    uses_positions: ClassVar[bool] = True
+
+    @staticmethod
+    def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
+        c = config
+        ring = (batch, c.kv_heads, c.sinks + c.window, c.head_k_dim)
+        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
+        if c.gla_branch:
+            spec["gla"] = ((batch, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
+        return spec
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
@@ -313,7 +326,8 @@ class WindowAttention(nn.Module):
             return self.q_proj.weight.new_zeros(0)
         return F.logsigmoid(self.gla_branch.decay_bias.detach().float()) / self.config.gate_normalizer
 
-    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        assert pos is not None, "the window mixer reads positions: its model's state carries them"
         c = self.config
         B, T, _ = x.shape
         q, k, v = self._qkv(x)
@@ -326,6 +340,13 @@ class WindowAttention(nn.Module):
         else:
             y, out["gla"] = self.branch(x, q, num, den, ev_k, ev_v, ev_ok, lengths, layer["gla"])
         return self.o_proj(y.reshape(B, T, c.value_dim).to(x.dtype)), out
+
+    def step_(self, x: Tensor, state: dict[str, Tensor], pos: Tensor | None) -> Tensor:
+        """One decode token, the ring (and branch) written in place: `window_decode.window_step_`."""
+        assert pos is not None, "the window mixer reads positions: its model's state carries them"
+        from agent.runtime.window_decode import window_step_  # it imports this module's math
+
+        return window_step_(self, x, state, pos)
 
     def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
                lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
@@ -360,7 +381,8 @@ class WindowAttention(nn.Module):
         return self.o_proj(y.reshape(*x.shape[:2], c.value_dim).to(x.dtype))
 
     @torch.no_grad()
-    def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:
+    def init_weights(self, gen: torch.Generator, std: float, out_std: float, ffn: GLU | None) -> None:
+        init_ffn(ffn, gen, std, out_std)
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * std)
         self.o_proj.weight.copy_(torch.randn(self.o_proj.weight.shape, generator=gen) * out_std)
