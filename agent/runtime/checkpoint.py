@@ -267,6 +267,24 @@ def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Pat
     return None
 
 
+RUN_DTYPES = ("float32", "bfloat16", "int8")
+
+
+def card_run_dtype(name_or_path: str, models_dir: Path | None = None) -> str:
+    """The dtype a model directory's card says it runs in (its "dtype": chosen by `laplace
+    bench dtype`), float32 when it says none (or for a preset). Reads config.json only."""
+    path = resolve_model_path(name_or_path, models_dir)
+    try:
+        card = json.loads((path / "config.json").read_text()).get("card", {}) if path is not None else {}
+    except (OSError, ValueError, AttributeError):
+        return "float32"  # the load itself reports an unreadable directory
+    dtype = card.get("dtype", "float32") if isinstance(card, dict) else "float32"
+    if dtype not in RUN_DTYPES:
+        raise ModelLoadError(f"{path}/config.json: card dtype {dtype!r} is not one of {', '.join(RUN_DTYPES)}; fix the card "
+                             "or set LAPLACE_DTYPE")
+    return dtype
+
+
 def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, models_dir: Path | None = None, seed: int = 0,
                quant: str | None = None, decode_layout: bool = False) -> LoadedModel:
     """Load a model directory, or build a seeded, untrained model from a byte-vocab preset;
