@@ -10,7 +10,8 @@ token), in the fewest ops a step can take:
   whole ring in one matmul; a gather picks each slot's angle and an additive mask hides
   the slots that hold no key in the window;
 - the GLA branch (if on) takes the key leaving the ring (the slot's old content, rotated
-  back) and steps the Simple-GLA state in place (`gla.gla_step_`).
+  back) and steps the Simple-GLA state in place (`gla.gla_step_`'s update, written here
+  with the appended ones column as a separate add rather than a concatenated value).
 
 Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
 choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agent.runtime.layers import f32, rope_cos_sin, run_gla_step_
-from agent.runtime.window import combine, feature_map, ring_slot
+from agent.runtime.layers import f32, rope_cos_sin
+from agent.runtime.window import GATED_EPS, ring_slot
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,42 @@ def window_step_(attn, x: Tensor, state: dict[str, Tensor], pos: Tensor) -> Tens
         return attn.o_proj(y.view(B, H * D).to(x.dtype))
     m = scores.amax(-1, keepdim=True)
     p = (scores - m).exp_()
-    num = (p @ win_v).view(B, 1, H, D)
-    den = p.sum(-1).view(B, 1, H)
-    phi_q = feature_map(q.view(B, 1, H, D), br.q_map, c.feature_map)[:, 0]
-    phi_k = feature_map(ev_k.repeat_interleave(R, 1)[:, None], br.k_map, c.feature_map)[:, 0]
+    num = p @ win_v  # [B, G, R, D]
+    den = p.sum(-1)  # [B, G, R]
+    # The branch: phi of the un-rotated q, and of the key leaving the window for each of its
+    # R query heads (no repeat: the kv head broadcasts against the R heads' maps).
+    F_ = c.feature_size
+    phi_q = _phi(q, br.q_map, c.feature_map)  # [B, G, R, 1, F]
+    phi_k = _phi(ev_k[:, :, None].expand(B, G, R, D), br.k_map, c.feature_map)
     ok = [ci >= S + W for ci in cs]  # a key leaves the window only once t - W >= S
     if not all(ok):
-        phi_k = phi_k * torch.tensor(ok, dtype=phi_k.dtype, device=x.device).view(B, 1, 1)
-    v_aug = torch.cat([ev_v.repeat_interleave(R, 1), ev_v.new_ones(B, H, 1)], -1)
-    g = attn.decay_tap(br.log_decay(x[:, None]))[:, 0]
-    o = run_gla_step_(c, phi_q, phi_k, v_aug, g, state["gla"])  # [B, H, D + 1]
-    y = combine(num, den, o[:, None, :, :D], o[:, None, :, D], br.mix.float(), c.combine)
+        phi_k = phi_k * torch.tensor(ok, dtype=phi_k.dtype, device=x.device).view(B, 1, 1, 1, 1)
+    g = torch.nn.functional.logsigmoid(torch.nn.functional.linear(f32(x), f32(br.decay_weight), f32(br.decay_bias)))
+    g = attn.decay_tap((g / c.gate_normalizer).view(B, 1, H))  # hooks see [B, T, H], as from forward
+    # S <- exp(g) S + phi_k [v, 1]^T, written in place; o = scale phi_q S.
+    gla = state["gla"].view(B, G, R, F_, D + 1)
+    gla.mul_(g.exp().view(B, G, R, 1, 1))
+    gla[..., :D].addcmul_(phi_k.view(B, G, R, F_, 1), ev_v.view(B, G, 1, 1, D))
+    gla[..., D].add_(phi_k.view(B, G, R, F_))
+    o = phi_q @ gla  # [B, G, R, 1, D + 1]
+    scale = F_**-0.5 if c.qk_scale else 1.0  # the GLA kernel's scale, as `run_gla` applies it
+    gnum, gden = o[..., 0, :D], o[..., 0, D]
+    mix = f32(br.mix)
+    if c.combine == "softmax":
+        beta = (mix.exp() * scale).view(G, R, 1)
+        y = torch.addcmul(num, beta, gnum) / torch.addcmul(den, beta[..., 0], gden).unsqueeze(-1)
+    else:
+        y = torch.addcmul(num / den.unsqueeze(-1), mix.view(G, R, 1), gnum * scale / (gden * scale + GATED_EPS).unsqueeze(-1))
     return attn.o_proj(y.reshape(B, H * D).to(x.dtype))
+
+
+def _phi(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
+    """`window.feature_map` in the step's layout: x [B, G, R, D] -> [B, G, R, 1, F]
+    (hedgehog: softmax(x W_h) ++ softmax(-x W_h); elu: elu(x) + 1)."""
+    x = x.unsqueeze(-2)
+    if kind == "elu":
+        return torch.nn.functional.elu(x) + 1.0
+    assert weight is not None
+    G, R = x.shape[1], x.shape[2]
+    z = x @ f32(weight).view(G, R, weight.shape[1], weight.shape[2])
+    return torch.stack([z, z.neg()], -2).softmax(-1).flatten(-2)
