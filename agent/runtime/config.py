@@ -23,6 +23,7 @@ that left the window. Its state is the ring, the GLA matrices and a position per
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -239,9 +240,9 @@ class LaplaceConfig:
         window: the ring win_k / win_v [L, B, G, S + W, D] (keys rotated to their slot's
         angle; slots < S are the sinks), the branch's gla [L, B, H, F, D + 1] (the extra
         column sums the normaliser) if it is on, and pos."""
-        from agent.runtime.mixers import MIXERS  # the mixers declare their state; they import this module
-
-        mixer = MIXERS[self.mixer]
+        # The mixers declare their state and import this module, so their table is looked up
+        # when asked, by name (a registry read at call time: no import cycle at load time).
+        mixer = importlib.import_module("agent.runtime.mixers").MIXERS[self.mixer]
         spec = {name: ((self.n_layers, *shape), dtype) for name, (shape, dtype) in mixer.state_spec(self, batch).items()}
         if mixer.uses_positions:
             spec["pos"] = ((1, batch), "int64")  # state.POSITIONS: the model's, no layer dimension

@@ -36,7 +36,7 @@ Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
 
 `window_attention` is the fast sequence path (banded blocks over static shapes: S, W and
 the call's T fix every shape; the ring is read in place, never reordered);
-`window_decode.step_` the lean decode step (one key rotated and written, the ring read in
+`window_decode.window_step_` the lean decode step (one key rotated and written, the ring read in
 place); `hybrid_attention_naive` the slow per-query reference from the definition above,
 with true positions and un-rotated keys; `naive_forward` runs a whole model through it.
 """
@@ -52,15 +52,9 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, rope, run_gla
+from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
-GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
-
-
-def ring_slot(p: Tensor, sinks: int, window: int) -> Tensor:
-    """The ring slot of position p (int64, any shape): p for a sink, else S + (p - S) mod W.
-    It is also the angle the key at p is stored rotated to."""
-    return torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, window))
 
 
 def rotate_ring_keys(win_k: Tensor, theta: float, sign: int = 1) -> Tensor:
@@ -344,8 +338,6 @@ class WindowAttention(nn.Module):
     def step_(self, x: Tensor, state: dict[str, Tensor], pos: Tensor | None) -> Tensor:
         """One decode token, the ring (and branch) written in place: `window_decode.window_step_`."""
         assert pos is not None, "the window mixer reads positions: its model's state carries them"
-        from agent.runtime.window_decode import window_step_  # it imports this module's math
-
         return window_step_(self, x, state, pos)
 
     def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,

@@ -1,6 +1,7 @@
 """The window mixer's lean decode step: one token, the layer's state written in place.
 
-The same math as `window.WindowAttention.forward` at T = 1 (tested against it token by
+The ring's layout (`ring_slot`) lives here, beside the step; `window.py` holds the rest of
+the math. The same math as `window.WindowAttention.forward` at T = 1 (tested against it token by
 token), in the fewest ops a step can take:
 
 - the new key is rotated once, to its ring slot's angle, and written into its slot (one
@@ -22,12 +23,21 @@ every session length. A table row equals what `layers.rope` computes (same formu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from agent.runtime.layers import f32, rope_cos_sin
-from agent.runtime.window import GATED_EPS, ring_slot
+
+
+GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
+
+
+def ring_slot(p: Tensor, sinks: int, window: int) -> Tensor:
+    """The ring slot of position p (int64, any shape): p for a sink, else S + (p - S) mod W.
+    It is also the angle the key at p is stored rotated to."""
+    return torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, window))
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,8 @@ def _rows(table: Tensor, cs: list[int]) -> Tensor:
     return table.index_select(0, torch.tensor(cs, device=table.device))
 
 
-def window_step_(attn, x: Tensor, state: dict[str, Tensor], pos: Tensor) -> Tensor:
-    """One token through `attn` (a WindowAttention): x [B, d_model] -> [B, d_model], with
+def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) -> Tensor:
+    """One token through `attn` (a `window.WindowAttention`; not imported: it imports this): x [B, d_model] -> [B, d_model], with
     state["win_k"], ["win_v"] [B, G, S + W, D] (and ["gla"] with the branch) written in place."""
     c = attn.config
     B = x.shape[0]
