@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import GLU, RMSNorm, ShortConv, conv_activation, mask_padding, run_gla, run_gla_step_
-from agent.runtime.layers import StateSpec
+from agent.runtime.layers import GLU, RMSNorm, ShortConv, StateSpec, conv_activation, mask_padding, run_gla, run_gla_step_
 from agent.runtime.ssd import SSDMixer
 from agent.runtime.window import WindowAttention
 

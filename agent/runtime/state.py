@@ -288,6 +288,7 @@ class RecurrentState:
         if config is not None:
             state.check_shape(config)
         if unrotated:  # version 2: rotate each ring key to its slot's angle, as version 3 stores it
+            assert config is not None
             from agent.runtime.window import rotate_ring_keys  # the math lives in the runtime's mixer
 
             state.tensors["win_k"] = rotate_ring_keys(state.tensors["win_k"], config.rope_theta)
