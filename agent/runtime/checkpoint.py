@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from agent.runtime.config import PRESETS, LaplaceConfig
+from agent.runtime.layers import fuse_linears_
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
                                  quantized_fingerprint)
@@ -169,7 +170,9 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     column-major, same values and shape: a batch-1 step's `h @ W.t()` then streams a
     contiguous [d_model, vocab] matrix, which CPU BLAS (MKL here) reads 1.3-2.3x faster
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
-    training and sharding expect contiguous parameters."""
+    training and sharding expect contiguous parameters. Also with it: the projections a
+    module names in FUSED (the window mixer's q/k/v, the GLU's gate/up) share one matrix
+    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory."""
     if quant is not None and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if quant is not None:
@@ -220,6 +223,11 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
+    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones stay apart)
+        plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
+        for module in model.modules():
+            if hasattr(module, "FUSED"):
+                fuse_linears_(module, module.FUSED)
     return model, digest.hexdigest()
 
 

@@ -59,7 +59,44 @@ class RMSNorm(nn.Module):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
+    """Store the weights of `owner`'s plain, bias-free Linears `names` as one matrix (rows in
+    that order) and make each Linear's weight a view of its rows: the same values and
+    parameter names, no extra memory, and `project` then runs them as one matmul. For
+    inference (`checkpoint` does it for decode-layout loads); False if they cannot be fused."""
+    mods = [getattr(owner, n, None) for n in names]
+    if not all(type(m) is nn.Linear and m.bias is None for m in mods):
+        return False
+    ws = [m.weight for m in mods]  # type: ignore[union-attr]
+    if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1 or any(w.is_meta for w in ws):
+        return False
+    fused = torch.cat([w.detach() for w in ws])
+    rows, start = [], 0
+    for m, w in zip(mods, ws):
+        m.weight = nn.Parameter(fused[start : start + w.shape[0]], requires_grad=w.requires_grad)  # type: ignore[union-attr]
+        rows.append(w.shape[0])
+        start += w.shape[0]
+    # The views' addresses: a weight later replaced or moved (.to) no longer matches them.
+    ptrs = [m.weight.data_ptr() for m in mods]  # type: ignore[union-attr]
+    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
+    return True
+
+
+def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:
+    """[getattr(owner, n)(x) for n in names], as one matmul when `fuse_linears_` fused them
+    and they are still those Linears with those weights (a LoRA wrapper or a replaced
+    weight falls back to the separate calls)."""
+    entry = owner.__dict__.get("_fused", {}).get(names)
+    if entry is not None:
+        fused, mods, ptrs, rows = entry
+        if all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
+            return list(F.linear(x, fused).split(rows, -1))
+    return [getattr(owner, n)(x) for n in names]
+
+
 class GLU(nn.Module):
+    FUSED = ("w1", "w3")  # gate and up: one matmul when fused for inference
+
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(config.d_model, config.ffn_dim, bias=False)
@@ -67,7 +104,8 @@ class GLU(nn.Module):
         self.w2 = nn.Linear(config.ffn_dim, config.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = project(self, self.FUSED, x)
+        return self.w2(F.silu(gate) * up)
 
 
 @torch.no_grad()

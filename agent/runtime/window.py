@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import GLU, StateSpec, init_ffn, rope, run_gla
+from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -284,6 +284,7 @@ class WindowAttention(nn.Module):
     with the branch; it reads positions."""
 
     uses_positions: ClassVar[bool] = True
+    FUSED = ("q_proj", "k_proj", "v_proj")  # one matmul when fused for inference (`layers.fuse_linears_`)
 
     @staticmethod
     def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
@@ -309,9 +310,10 @@ class WindowAttention(nn.Module):
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = self.config
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, c.n_heads, c.head_k_dim).float()
-        k = self.k_proj(x).view(B, T, c.kv_heads, c.head_k_dim).float()
-        v = self.v_proj(x).view(B, T, c.kv_heads, c.head_v_dim).float()
+        q, k, v = project(self, self.FUSED, x)
+        q = q.reshape(B, T, c.n_heads, c.head_k_dim).float()
+        k = k.reshape(B, T, c.kv_heads, c.head_k_dim).float()
+        v = v.reshape(B, T, c.kv_heads, c.head_v_dim).float()
         return q, k, v
 
     def resting_log_decay(self) -> Tensor:

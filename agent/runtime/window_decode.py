@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent.runtime.layers import f32, rope_cos_sin
+from agent.runtime.layers import f32, project, rope_cos_sin
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -98,9 +98,8 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     cs = [canonical(t, S, W) for t in ts]
     slots = [t if t < S else S + (t - S) % W for t in ts]
     cos3, sin3 = _rows(tabs.cos3, cs), _rows(tabs.sin3, cs)  # [B, 3, D]
-    q = f32(attn.q_proj(x)).view(B, G, R, D)
-    k = f32(attn.k_proj(x)).view(B, G, D)
-    v = f32(attn.v_proj(x)).view(B, G, D)
+    q, k, v = project(attn, attn.FUSED, x)
+    q, k, v = f32(q).reshape(B, G, R, D), f32(k).reshape(B, G, D), f32(v).reshape(B, G, D)
     win_k, win_v = state["win_k"], state["win_v"]
     cos_k, sin_k = cos3[:, None, 1], sin3[:, None, 1]  # [B, 1, D]: the key's angle is its slot
     br = attn.gla_branch
