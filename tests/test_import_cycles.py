@@ -63,7 +63,7 @@ def test_the_cycle_finder_sees_a_cycle():
 def test_the_graph_covers_the_packages_and_follows_relative_imports():
     graph = import_graph()
     assert "sessions.store_core" in graph["sessions.store"]  # `from .store_core import ...`
-    assert "agent.chat.service" in graph and "agent.tui.app" in graph and "recipes.default_model.plan" in graph
+    assert "agent.chat.service" in graph and "agent.tui.app" in graph and "recipes.demo_model.plan" in graph
 
 
 def test_no_import_cycles_outside_recipes():

@@ -35,6 +35,11 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_prefill_memory(quick)
 
+    def finetune_memory(quick: bool) -> dict[str, Any]:
+        from agent.bench.memory import bench_finetune_memory
+
+        return bench_finetune_memory(quick)
+
     def store(quick: bool) -> dict[str, Any]:
         import tempfile
         from pathlib import Path
@@ -76,5 +81,5 @@ def registry() -> dict[str, BenchFn]:
 
         return run_pilot(PilotConfig.quick() if quick else PilotConfig(), Path("laplace-serve-report"))
 
-    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "store": store, "train": train, "tui": tui,
+    return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "finetune-memory": finetune_memory, "store": store, "train": train, "tui": tui,
             "cpu1b": cpu1b, "llamacpp": llamacpp, "dtype": dtype, "serve": serve}

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent import timings
 from agent.recall import rule
 from agent.recall.options import RefreshOptions
 from sessions import Session, SessionStore, Turn
@@ -61,6 +62,10 @@ class RecallRefresh:
     def plan(self, session: Session, message: str, opts: RefreshOptions) -> RecallPlan | None:
         """The recall block to fold before `message`, or None (refresh off, nothing faded
         and relevant). The message itself is not stored yet, so it is never a candidate."""
+        with timings.phase("recall refresh: search"):
+            return self._plan(session, message, opts)
+
+    def _plan(self, session: Session, message: str, opts: RefreshOptions) -> RecallPlan | None:
         if not opts.on:
             return None
         words = rule.query_words(message)

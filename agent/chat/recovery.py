@@ -20,6 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Generator
 
 from agent.chat.browse import guarded
+from agent import timings
 from agent.chat.replay import Progress, Replaying, load_state, replay
 from agent.chat.types import ChatError, ProgressEvent, StateUnusableError
 from sessions import InvalidTurnOperation, Session, SessionError, SessionStore, StateError, Turn
@@ -66,7 +67,8 @@ def check_token_chain(store: SessionStore, session: Session) -> None:
     head's branch do not give their recorded hash chain; ChatError (the way out: a fork
     before the turn, which a rebuild could not help) if some of them are damaged."""
     try:
-        store.chain.check_chain(session.id)
+        with timings.phase("hash chain: recompute over the branch"):
+            store.chain.check_chain(session.id)
     except StateError as exc:
         raise StateUnusableError(str(exc)) from None
     except SessionError as exc:
@@ -98,7 +100,7 @@ def rebuild(service: Replaying, session: Session,
     """Replay the branch's stored ids into a fresh state, with progress, and store it at the
     head; returns that state, or None when `cancel` stopped it (then nothing is stored)."""
     head = prepare_rebuild(service, session)
-    state, done = service._fresh_state(), 0
+    state, done = service.fresh_state(), 0
     turns = replay(service.runner, service.store, session.id, head.id, state)
     while True:
         if cancel is not None and cancel.is_set():  # between segments: nothing is stored

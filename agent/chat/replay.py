@@ -15,8 +15,9 @@ single `prefill` would give.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
+from agent import timings
 from agent.chat.browse import guarded
 from agent.chat.types import ProgressEvent, StateUnusableError
 from sessions import Session, SessionStore, StateError, StateMeta
@@ -27,8 +28,10 @@ if TYPE_CHECKING:
     from agent.runtime.state import RecurrentState
 
 
+@runtime_checkable
 class Replaying(Protocol):
-    """What a replay uses of `ChatService` (spelled out so this module need not import it)."""
+    """What a replay uses of `ChatService` and of `turns.TurnWriter` (spelled out so this
+    module need not import them); both satisfy it, which a test holds with isinstance."""
 
     store: SessionStore
     lm: LoadedModel
@@ -36,7 +39,7 @@ class Replaying(Protocol):
     model_id: str
     fingerprint: str
 
-    def _fresh_state(self) -> RecurrentState: ...
+    def fresh_state(self) -> RecurrentState: ...
 
     def _blob(self, state: RecurrentState) -> bytes: ...
 
@@ -86,22 +89,23 @@ def load_state(service: Replaying, session: Session, turn_id: int | None = None,
     from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
 
     store = service.store
-    try:
-        turn = store.tree.get_turn(turn_id if turn_id is not None else session.head_turn_id)
-        snap = store.states.latest(session.id, turn.id)
-        if snap is None:
-            raise StateUnusableError(
-                f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
-        data = store.states.load(snap, expected_fingerprint=service.fingerprint)
-        state = RecurrentState.from_bytes(data, config=service.lm.config, fingerprint=service.fingerprint,
-                                          device=service.runner.device)
-    except (StateError, RuntimeStateError) as exc:
-        hint = f" (the session was made with model {session.model_id!r})" if session.model_id != service.model_id else \
-            " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
-        # The runtime's own messages only say "replay the transcript": name the way to do it.
-        how = "" if "--rebuild-state" in str(exc) else \
-            f"; to replay the transcript: laplace chat --session {session.uid[:8]} --rebuild-state"
-        raise StateUnusableError(f"{exc}{hint}{how}") from None
+    with timings.phase("state: read, check and load the snapshot"):
+        try:
+            turn = store.tree.get_turn(turn_id if turn_id is not None else session.head_turn_id)
+            snap = store.states.latest(session.id, turn.id)
+            if snap is None:
+                raise StateUnusableError(
+                    f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
+            data = store.states.load(snap, expected_fingerprint=service.fingerprint)
+            state = RecurrentState.from_bytes(data, config=service.lm.config, fingerprint=service.fingerprint,
+                                              device=service.runner.device)
+        except (StateError, RuntimeStateError) as exc:
+            hint = f" (the session was made with model {session.model_id!r})" if session.model_id != service.model_id else \
+                " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"
+            # The runtime's own messages only say "replay the transcript": name the way to do it.
+            how = "" if "--rebuild-state" in str(exc) else \
+                f"; to replay the transcript: laplace chat --session {session.uid[:8]} --rebuild-state"
+            raise StateUnusableError(f"{exc}{hint}{how}") from None
     state.n_tokens = snap.n_tokens
     if turn.tokens_total > snap.n_tokens:
         total = turn.tokens_total - snap.n_tokens

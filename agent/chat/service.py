@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from agent import timings
 from agent.chat.browse import SessionBrowsing, guarded
 from agent.chat.docs import fold_document, read_document
 from agent.chat.options import SessionOptions
@@ -81,7 +82,7 @@ class ChatService(SessionBrowsing):
         self.initial_state = initial_state
         self.fingerprint = self.writer.fingerprint  # covers a learned initial state too
 
-    def _fresh_state(self) -> RecurrentState:
+    def fresh_state(self) -> RecurrentState:
         return self.writer.fresh_state()
 
     # ---- session lifecycle --------------------------------------------------------------
@@ -166,13 +167,17 @@ class ChatService(SessionBrowsing):
             session = self._require()
             check_text(text, "message")
             state = self._state_now()
-            stored = self.writer.store_message(session, text, self.options.refresh)
+            with timings.phase("message: store it (recall refresh included)"):
+                stored = self.writer.store_message(session, text, self.options.refresh)
             self._state = None  # stored but not yet read: stopped mid-fold, the next use loads (and folds) it
-            if stored.recall_ids:
-                _, state = self.runner.prefill(stored.recall_ids, state)
-            for done, state in fold(self.runner, stored.user_ids, state):
-                if len(stored.user_ids) > self.runner.segment_len:  # a long message: say how far the fold is
-                    yield ProgressEvent("folding your message", done, len(stored.user_ids))
+            timer = timings.phase(f"message: prefill {len(stored.recall_ids) + len(stored.user_ids)} tokens "
+                                  f"({len(stored.recall_ids)} of recall)")
+            with timer:
+                if stored.recall_ids:
+                    _, state = self.runner.prefill(stored.recall_ids, state)
+                for done, state in fold(self.runner, stored.user_ids, state):
+                    if len(stored.user_ids) > self.runner.segment_len:  # a long message: say how far the fold is
+                        yield ProgressEvent("folding your message", done, len(stored.user_ids))
             self._state = state  # the user turn is stored; the live state has read it
             yield from self._reply(session, state, cancel, user_turn=self._turn_view(stored.user),
                                    recall_turn=self._turn_view(stored.block) if stored.block is not None else None)
@@ -217,11 +222,13 @@ class ChatService(SessionBrowsing):
         gen = None
         decoder, text, status, error = StreamDecoder(tok), "", "complete", None
         try:
-            logits, state = self.runner.prefill(prefix, state)
+            with timings.phase(f"reply: prefill its {len(prefix)}-token prefix"):
+                logits, state = self.runner.prefill(prefix, state)
             gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok),
                              decode=tok.decode, cancel=cancel,
                              generator=make_generator(seed if regenerate_of is not None else opts.seed, "cpu"))
             for token in gen:
+                timings.mark("first token sampled")
                 piece = decoder.push(token)
                 if piece:
                     text += piece

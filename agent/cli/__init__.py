@@ -33,6 +33,11 @@ def _root(ctx: typer.Context) -> None:
         ctx.obj = Settings.from_env()
     except SettingsError as exc:
         raise fail(str(exc)) from None
+    if ctx.obj.timings:
+        from agent import timings
+
+        timings.enable()
+        ctx.call_on_close(timings.finish)  # after the command, whichever way it ends
 
 
 @app.command()
@@ -146,6 +151,12 @@ def bench(
         except ValueError as exc:
             raise fail(str(exc)) from None
         benches["llamacpp"] = lambda q: bench_llamacpp(q, shape=shape)
+    if "finetune-memory" in chosen:  # it trains the user's default model: settings are read here, at the edge
+        from functools import partial
+
+        from agent.bench.memory import bench_finetune_memory
+
+        benches["finetune-memory"] = partial(bench_finetune_memory, models_dir=str(settings_of(ctx).models_dir))
     if model is not None:  # the flags are checked: now build the default if it is the one asked for
         from agent.cli.models import ensure_model
 

@@ -15,6 +15,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
+from agent import timings
 from agent.cli.errors import fail as _fail, progress_line
 from agent.cli.store import settings_of
 from agent.settings import Settings
@@ -87,12 +88,13 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
     With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
     state that cannot be used is returned as the second value with `defer_unusable` (the
     TUI asks the user), or else an error."""
-    from agent.chat.options import parse_pairs
-    from agent.chat.service import ChatService
-    from agent.chat.types import ChatError, StateUnusableError
-    from agent.probes.session_check import check_state
-    from agent.cli.store import open_store
-    from sessions import SessionError
+    with timings.phase("imports: the chat service (torch among them)"):
+        from agent.chat.options import parse_pairs
+        from agent.chat.service import ChatService
+        from agent.chat.types import ChatError, StateUnusableError
+        from agent.probes.session_check import check_state
+        from agent.cli.store import open_store
+        from sessions import SessionError
 
     if session and cont:
         raise _fail("use either -c/--continue or --session ID, not both")
@@ -102,7 +104,8 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         given = parse_pairs(options)  # a resumed session keeps its stored options, with these on top
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    store = open_store(settings)
+    with timings.phase("store: open"):
+        store = open_store(settings)
     try:
         target = None
         if session or cont:
@@ -110,7 +113,8 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
             if target is None:
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)
-        lm, model_id, dev = load_model_as(settings, spec, device)
+        with timings.phase("model: load"):
+            lm, model_id, dev = load_model_as(settings, spec, device)
         start = None
         if initial_state is not None:
             from agent.runtime.state import StateError as RuntimeStateError
@@ -122,15 +126,17 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 raise _fail(f"initial state {initial_state} does not exist; make one with laplace finetune --tune state") from None
             except RuntimeStateError as exc:
                 raise _fail(f"initial state {initial_state}: {exc}") from None
-        service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
-                              options=given, initial_state=start, check=check_state)
+        with timings.phase("service: build"):
+            service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
+                                  options=given, initial_state=start, check=check_state)
         unusable: Optional[Exception] = None
         try:
             if target is None:
                 service.new_session(system=system)
             else:
                 try:
-                    service.resume(target.uid, progress=lambda ev: progress_line(ev.label, ev.done, ev.total))
+                    with timings.phase("session: resume (lease, recovery, hash chain, state)"):
+                        service.resume(target.uid, progress=lambda ev: progress_line(ev.label, ev.done, ev.total))
                 except StateUnusableError as exc:
                     if defer_unusable and not rebuild_state:
                         unusable = exc
@@ -163,10 +169,11 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
 
     Names (default, user models, presets) are stored as names, so a session survives the
     package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
-    from agent.cli.models import ensure_model
-    from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, card_run_dtype, load_model, resolve_model_path
-    from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
-    from agent.runtime.quant import QUANT_MODES
+    with timings.phase("imports: torch and the runtime"):
+        from agent.cli.models import ensure_model
+        from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, card_run_dtype, load_model, resolve_model_path
+        from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
+        from agent.runtime.quant import QUANT_MODES
 
     ensure_model(settings, spec)
     try:
@@ -252,6 +259,7 @@ def ask(
             if isinstance(ev, TokenEvent) and not as_json:
                 sys.stdout.write(show(ev.text))
                 sys.stdout.flush()
+                timings.mark("first token printed")
             elif isinstance(ev, TurnStarted):
                 started = ev
             elif isinstance(ev, ProgressEvent):  # a long message being folded, on stderr

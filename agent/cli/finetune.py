@@ -46,7 +46,8 @@ def finetune_command(
     tokens: Optional[int] = typer.Option(None, "--tokens", help="Training tokens (instead of --steps)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence, a multiple of the chunk (default 16 chunks)."),
     batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Tokens per step (default 4 sequences)."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per forward/backward."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per forward/backward (default: as many as fit; the default model: 1, with grad accumulation)."),
+    recompute: bool = typer.Option(True, "--recompute/--no-recompute", help="Rebuild each block's activations in backward: ~1/3 more compute, a fraction of the memory."),
     lr: float = typer.Option(3e-4, "--lr", help="Learning rate of both optimizers (Muon matches AdamW's update RMS)."),
     muon_lr: Optional[float] = typer.Option(None, "--muon-lr", help="Muon learning rate (default --lr)."),
     adamw_lr: Optional[float] = typer.Option(None, "--adamw-lr", help="AdamW learning rate (default --lr)."),
@@ -85,7 +86,7 @@ def finetune_command(
     try:
         cfg = TrainConfig(
             data=tuple(str(d) for d in data), out=str(out), base=model, steps=steps, tokens=tokens, seq_len=seq_len,
-            batch_tokens=batch_tokens, micro_batch=micro_batch, lr=lr, muon_lr=muon_lr, adamw_lr=adamw_lr,
+            batch_tokens=batch_tokens, micro_batch=micro_batch, recompute=recompute, lr=lr, muon_lr=muon_lr, adamw_lr=adamw_lr,
             weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, optimizer=optimizer,
             eval=tuple(str(e) for e in eval_data or ()), eval_every=eval_every, resume=str(resume) if resume else None,
             save_every=save_every, stop_after=stop_after, keep=keep, tune=tune, lora_rank=lora_rank, lora_alpha=lora_alpha,

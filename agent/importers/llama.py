@@ -19,7 +19,7 @@ from agent.importers.source import CheckpointError, expect_shape, take
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.window import GLABranch
 
-# The combine mode a new import gets. Measured (recipes/smollm2_hybrid/combine.py, SmolLM2-135M,
+# The combine mode a new import gets. Measured (recipes/smollm2_hybrid/measure/combine.py, SmolLM2-135M,
 # W = 256 + 4 sinks, attention transfer on 4 x 1024 tokens, 200 steps, same budget): the
 # held-out attention error relative to the window alone fell to 0.61 with one softmax
 # normalisation and still falling, against 0.86 and rising again for the gated sum. One

@@ -20,13 +20,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.layers import fuse_linears_
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
                                  quantized_fingerprint)
-from agent.runtime.weights import Digest, WeightsFormatError, blocks, read_header, read_tensor
+from agent.runtime.weights import Digest, DigestCache, MappedFile, WeightsFormatError, blocks, read_header, read_tensor
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -73,12 +75,14 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: AnyTemplate, *, digest: str | None = None) -> str:
-    """`digest`: the weights' digest when already known (computed while loading them)."""
+def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: AnyTemplate, *, digest: str | None = None,
+                tokenizer_digest: str | None = None) -> str:
+    """`digest`, `tokenizer_digest`: the weights' and the tokenizer's digests when already
+    known (computed while loading the weights, or cached beside the files)."""
     h = hashlib.sha256()
     h.update(model.config.to_json().encode())
     h.update((digest or weights_digest(model)).encode())
-    h.update(tokenizer.digest().encode())
+    h.update((tokenizer_digest or tokenizer.digest()).encode())
     h.update(template.to_json().encode())
     return h.hexdigest()
 
@@ -130,11 +134,38 @@ def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
     return config, dict(meta.get("card") or {})
 
 
+class _SkipMetaInit(TorchFunctionMode):
+    """Build a model on the meta device without running its layers' initializers there.
+
+    `nn.Embedding` and `nn.Linear` initialize themselves in their constructors even on the
+    meta device, and torch runs a meta `normal_` through its Python reference, whose first
+    call imports torch._dynamo: 1-2 s of every load, for values that do not exist. A meta
+    tensor has no values, so an in-place initializer on one is skipped; any other call, and
+    any initializer on a real tensor, runs as usual. (A function mode is per thread.)"""
+
+    FILLS = frozenset({"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                       "xavier_normal_", "orthogonal_", "constant_", "zeros_", "ones_", "fill_", "zero_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # nn.init passes its tensor by keyword
+        if getattr(func, "__name__", "") in self.FILLS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+def meta_model(config: LaplaceConfig) -> LaplaceModel:
+    """The model of `config` on the meta device (shapes only), built without running any
+    initializer (`_SkipMetaInit`): what counting, checking and loading should build."""
+    with _SkipMetaInit():
+        return build_model(config, device="meta")
+
+
 def meta_model_for(config: LaplaceConfig, shapes: dict[str, tuple[int, ...]], *, where: str | Path) -> LaplaceModel:
     """The model of `config` on the meta device, once `shapes` (name -> shape of the tensors
     at hand) are exactly its own. A missing, extra or mis-shaped tensor is a ModelLoadError
     naming it and `where`."""
-    model = build_model(config, device="meta")
+    model = meta_model(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing_t = sorted(set(expected) - set(shapes))
     extra_t = sorted(set(shapes) - set(expected))
@@ -159,7 +190,7 @@ def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], 
 
 
 def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = torch.float32,
-                    quant: str | None = None, decode_layout: bool = False) -> tuple[LaplaceModel, str]:
+                    quant: str | None = None, decode_layout: bool = False, cache: bool = True) -> tuple[LaplaceModel, str]:
     """(model, weights digest): the model of `config` read from a safetensors file tensor
     by tensor (`weights.py`), each straight into its final form: `dtype`, or with `quant`
     ("int8") every matmul weight int8 as `quant.quantize_int8_` makes it, built from fp32
@@ -172,7 +203,10 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
     training and sharding expect contiguous parameters. Also with it: the projections a
     module names in FUSED (the window mixer's q/k/v, the GLU's gate/up) share one matrix
-    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory."""
+    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory.
+
+    `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
+    an unchanged file need not read it."""
     if quant is not None and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if quant is not None:
@@ -187,7 +221,13 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
     modules = dict(model.named_modules())
     head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
-    digest = Digest()
+    # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
+    # load whose tensors are all mapped reads none of their bytes.
+    digests = DigestCache(file, enabled=cache)
+    kind = str(torch.float32 if quant is not None else dtype)
+    known = digests.get(kind)
+    digest = Digest() if known is None else None
+    mapped = _mapped(file) if quant is None else None
     plain: dict[str, torch.Tensor] = {}
     try:
         with open(file, "rb") as f:
@@ -196,14 +236,30 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
                 owner, _, leaf = name.rpartition(".")
                 module = modules.get(owner)
                 if quant is None or leaf != "weight" or not (type(module) is nn.Linear or module is model.embed):
-                    plain[name] = read_tensor(f, info, dtype if info.dtype.is_floating_point else info.dtype, digest,
-                                              column_major=decode_layout and name == head)
+                    keep = dtype if info.dtype.is_floating_point else info.dtype
+                    column_major = decode_layout and name == head
+                    if mapped is not None and info.dtype == keep and MappedFile.can_map(info):
+                        view = mapped.tensor(info)  # a view of the file: no copy, nothing read yet
+                        if digest is not None:
+                            digest.tensor(name, view)
+                        # The decode layout is one copy, made by torch's blocked transpose
+                        # (a row-by-row fill of a column-major tensor took 3x as long).
+                        if column_major and view.dim() == 2:
+                            plain[name] = view.t().contiguous().t()
+                            del view
+                            mapped.release(info)  # the copy is what runs: the file's rows leave the RSS
+                        else:
+                            plain[name] = view
+                    else:
+                        plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
                     continue
                 q = torch.empty(info.shape, dtype=torch.int8)
                 scale = torch.empty(info.shape[0], dtype=torch.float32)
-                digest.begin(name, info.shape, torch.float32)
+                if digest is not None:
+                    digest.begin(name, info.shape, torch.float32)
                 for r, block in blocks(f, info, torch.float32):
-                    digest.update(block)
+                    if digest is not None:
+                        digest.update(block)
                     q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
                 if module is model.embed:
                     model.embed = Int8Embedding(q, scale)
@@ -225,10 +281,26 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
     if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones stay apart)
         plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
-        for module in model.modules():
-            if hasattr(module, "FUSED"):
-                fuse_linears_(module, module.FUSED)
-    return model, digest.hexdigest()
+        for owner_name, module in model.named_modules():
+            if hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED) and mapped is not None:
+                for n in module.FUSED:  # the fused copy is what runs: the file's rows leave the RSS
+                    info = infos.get(f"{owner_name}.{n}.weight")
+                    if info is not None and MappedFile.can_map(info):
+                        mapped.release(info)
+    if digest is not None:
+        known = digest.hexdigest()
+        digests.put(kind, known)
+    assert known is not None
+    return model, known
+
+
+def _mapped(file: Path) -> MappedFile | None:
+    """The file mapped for tensors kept in its dtype, or None where it cannot be mapped
+    (then every tensor is read)."""
+    try:
+        return MappedFile(file)
+    except (OSError, ValueError):
+        return None
 
 
 def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -246,17 +318,29 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     if quant is not None and torch.device(device).type != "cpu":
         raise ValueError("int8 weights are for fp32 models on the CPU; use --device cpu and no other dtype")
     decode_layout = decode_layout and torch.device(device).type == "cpu"
-    model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant, decode_layout=decode_layout)
-    model = model.to(device=device).eval()
+    # No cache files written into the package's own models (the demo is small to hash).
+    cache = PACKAGED_MODELS.resolve() not in root.resolve().parents
+    with timings.phase("weights (mapped where kept in the file's dtype)"):
+        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
+                                        decode_layout=decode_layout, cache=cache)
+        model = model.to(device=device).eval()
     try:
-        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
-        template = load_chat_template(root / "chat_template.json")
+        with timings.phase("tokenizer and chat template"):
+            tokenizer = Tokenizer.from_file(root / "tokenizer.json")
+            template = load_chat_template(root / "chat_template.json")
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelLoadError(f"tokenizer or chat template in {root} is invalid ({exc})") from None
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}")
     lm = LoadedModel(model, tokenizer, template, name=card.get("name", root.name), path=root, card=card)
-    lm._fingerprint = fingerprint(model, tokenizer, template, digest=digest)
+    # The tokenizer's digest (of its re-serialized JSON: 0.1-0.2 s for a 50k vocabulary) is
+    # cached beside tokenizer.json the way the weights' is.
+    tok_cache = DigestCache(root / "tokenizer.json", enabled=cache)
+    tok_digest = tok_cache.get("tokenizer")
+    if tok_digest is None:
+        tok_digest = tokenizer.digest()
+        tok_cache.put("tokenizer", tok_digest)
+    lm._fingerprint = fingerprint(model, tokenizer, template, digest=digest, tokenizer_digest=tok_digest)
     if quant is not None:
         lm._fingerprint = quantized_fingerprint(lm._fingerprint, quant)
         lm.card = {**card, "weights": quant}

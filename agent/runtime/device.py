@@ -50,7 +50,7 @@ def resolve_device(request: str = "auto") -> torch.device:
     if request == "neuron":
         ok, why = neuron_status()
         if not ok:
-            raise DeviceUnavailableError(f"--device neuron was requested but {why}; see README 'Trainium' for the AWS install steps, or use --device cpu")
+            raise DeviceUnavailableError(f"--device neuron was requested but {why}; see docs/models.md 'Trainium' for the AWS install steps, or use --device cpu")
         return torch.device("neuron")
     if torch.cuda.is_available():
         return torch.device("cuda")

@@ -8,10 +8,9 @@ from typing import Any, Sequence
 
 from safetensors import SafetensorError, safe_open
 
-from agent.runtime.checkpoint import MODEL_FILES, ModelLoadError, not_a_model_dir, read_config, resolve_model_path
+from agent.runtime.checkpoint import MODEL_FILES, ModelLoadError, meta_model, not_a_model_dir, read_config, resolve_model_path
 from agent.runtime.config import PRESETS
 from agent.runtime.device import DeviceUnavailableError, resolve_device
-from agent.runtime.model import build_model
 from agent.runtime.params import is_block_matrix
 from agent.runtime.templates import load_chat_template
 from agent.runtime.tokenizer import Tokenizer
@@ -24,7 +23,7 @@ class ModelInfoError(RuntimeError):
 def count_on_meta(config: Any, skip: Sequence[str] = ()) -> tuple[int, int]:
     """(all parameters, Muon parameters) counted on a meta-device build: no memory used.
     Names ending in a `skip` suffix (an import's made-up constants) are not counted."""
-    model = build_model(config, device="meta")
+    model = meta_model(config)  # no initializers on meta: they imported torch._dynamo (1-2 s)
     params = [(name, p) for name, p in model.named_parameters() if not name.endswith(tuple(skip))]
     total = sum(p.numel() for _, p in params)
     muon = sum(p.numel() for name, p in params if is_block_matrix(name, p))
@@ -51,7 +50,7 @@ def check_model_files(root: Path, config: Any) -> None:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ModelInfoError(f"{weights} is unreadable ({exc}); restore the file or re-export the model") from None
-    expected = {k: tuple(v.shape) for k, v in build_model(config, device="meta").state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in meta_model(config).state_dict().items()}
     if shapes != expected:
         differ = sorted(set(shapes) ^ set(expected)) or sorted(k for k in expected if shapes[k] != expected[k])
         raise ModelInfoError(f"{weights} does not match config.json (e.g. {', '.join(differ[:3])}); restore the file or re-export the model")

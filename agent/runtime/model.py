@@ -1,10 +1,13 @@
-"""The Laplace model: a decoder of fixed-state token mixers. This file holds the math only.
+"""The Laplace model: a decoder whose token mixers keep a fixed-size state. This file holds
+the math only.
 
-Each block's token mixer is the Laplace GLA mixer (`mixers.py`), the Mamba-2 family's
-(`ssd.py`, for imported checkpoints) or the window hybrid of a converted Llama teacher
-(`window.py`, the default model's); all have the one interface `mixers.py` describes, so
-nothing here asks which one a block holds. Tokens read are counted by the state
-(`RecurrentState.advanced` / `advance_`), in one place.
+Each block's token mixer is one of three: the Laplace GLA mixer (`mixers.py`: pure Simple
+GLA, the demo model and the presets), the Mamba-2 family's (`ssd.py`, for imported
+checkpoints), or the window hybrid of a converted Llama teacher (`window.py`: softmax
+attention over a window of recent tokens plus sinks, and a GLA branch over the older ones;
+the default model). All have the one interface `mixers.py` describes, so nothing here asks
+which one a block holds; tokens read are counted by the state (`RecurrentState.advanced` /
+`advance_`), in one place.
 
 State goes in and comes out of `forward` explicitly (never stored on modules), so the same
 weights serve any number of sessions and a decode step always has the same shapes.

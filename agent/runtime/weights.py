@@ -1,17 +1,25 @@
-"""Reading `model.safetensors` tensor by tensor, in blocks of rows, into the form the model
-will run in (fp32, bf16 or int8), so the peak memory of a load is the final model plus one
-block: a quantized or bf16 model never exists in fp32 first, and an fp32 model is read
-straight into its own tensors (no second copy through a mapped file).
+"""Reading `model.safetensors` tensor by tensor into the form the model will run in (fp32,
+bf16 or int8), so the peak memory of a load is the final model plus one block.
 
-Plain file reads, never a memory map: pages of a mapping a process has touched count in
-its resident set until it unmaps them, so mapping a 5.6 GB file to read it once would put
-5.6 GB in the peak whatever is kept. The header is parsed here (the safetensors format is
-an 8-byte length, a JSON header and the raw little-endian bytes); nothing is unpickled.
+A tensor kept in the file's own dtype is memory-mapped (`MappedFile`): no copy is made,
+loading costs no reading, pages are read from the page cache (shared by every process
+running the model) as the first forward touches them, and `MADV_WILLNEED` starts the
+kernel's read-ahead at once, so a cold start overlaps the disk with the rest of the
+start-up. The mapping is private and copy-on-write: a parameter written in place (training)
+gets its own pages and never changes the file.
+
+A tensor converted on the way (bf16 from an fp32 file, int8 rows) is read with plain file
+reads in blocks of rows instead: pages of a mapping a process has touched count in its
+resident set until it unmaps them, so mapping a 5.6 GB file to convert it would put 5.6 GB
+in the peak whatever is kept. The header is parsed here (the safetensors format is an
+8-byte length, a JSON header and the raw little-endian bytes); nothing is unpickled.
 
 While reading, the weights' digest is computed exactly as `checkpoint.weights_digest`
 would compute it over the model loaded in `digest_dtype` (tensors in name order, each as
 `name:shape:dtype` then its bytes), so a quantized model's fingerprint still derives from
-its fp32 weights without ever holding them.
+its fp32 weights without ever holding them. `DigestCache` keeps it beside the file, keyed
+by the file's identity and change time, so a load whose tensors are all mapped reads none
+of them.
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Iterator
 
 import torch
 from torch import Tensor
@@ -153,8 +163,84 @@ class Digest:
         return self._h.hexdigest()
 
 
-def stream(path: str | Path, order: list[str], infos: dict[str, TensorInfo], handle: Callable[[BinaryIO, TensorInfo], None]) -> None:
-    """Open the file once and call `handle(f, info)` for each name of `order`."""
-    with open(path, "rb") as f:
-        for name in order:
-            handle(f, infos[name])
+class MappedFile:
+    """A private, copy-on-write memory map of a safetensors file, and tensors that are views
+    of it. Each tensor keeps the mapping alive; the mapping outlives this object."""
+
+    def __init__(self, path: str | Path) -> None:
+        with open(path, "rb") as f:
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):  # start reading ahead now
+            self._mm.madvise(mmap.MADV_WILLNEED)
+
+    @staticmethod
+    def can_map(info: TensorInfo) -> bool:
+        """Whether a tensor can be a view of the file: aligned to its element size and
+        stored in this machine's byte order (safetensors is little-endian)."""
+        size = torch.empty(0, dtype=info.dtype).element_size()
+        return sys.byteorder == "little" and info.start % size == 0 and info.nbytes > 0
+
+    def tensor(self, info: TensorInfo) -> Tensor:
+        """The tensor `info` names, as a view of the mapping (no copy)."""
+        n = info.nbytes // torch.empty(0, dtype=info.dtype).element_size()
+        return torch.frombuffer(self._mm, dtype=info.dtype, count=n, offset=info.start).view(info.shape)
+
+    def release(self, info: TensorInfo) -> None:
+        """Give back the pages of a tensor that was copied out (the decode layout's head),
+        so they stop counting in this process's resident set. Only whole pages inside the
+        tensor are dropped; none was written, so a later read would fetch the file again."""
+        if not (hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")):
+            return
+        page = mmap.PAGESIZE
+        start = -(-info.start // page) * page
+        end = (info.start + info.nbytes) // page * page
+        if end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+class DigestCache:
+    """Digests of a file of a model directory (the weights', the tokenizer's), kept in one
+    JSON file beside it, each valid while its file is the same: same device, inode, size,
+    modification and change time (a change time cannot be set back by touch or a copy tool,
+    so an edited or replaced file misses). A directory that cannot be written simply has
+    no cache."""
+
+    NAME = ".laplace-digest.json"
+
+    def __init__(self, file: str | Path, *, enabled: bool = True) -> None:
+        self.file = Path(file)
+        self.path = self.file.parent / self.NAME
+        self.enabled = enabled  # off: every get misses and nothing is written
+        st = os.stat(self.file)
+        self._key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+    def _read(self) -> dict:  # type: ignore[type-arg]
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, kind: str) -> str | None:
+        if not self.enabled:
+            return None
+        entry = self._read().get(self.file.name)
+        if not isinstance(entry, dict) or entry.get("file") != self._key or not isinstance(entry.get("digests"), dict):
+            return None
+        value = entry["digests"].get(kind)
+        return value if isinstance(value, str) and len(value) == 64 else None
+
+    def put(self, kind: str, digest: str) -> None:
+        if not self.enabled:
+            return
+        data = self._read()
+        entry = data.get(self.file.name)
+        digests = entry["digests"] if isinstance(entry, dict) and entry.get("file") == self._key \
+            and isinstance(entry.get("digests"), dict) else {}
+        data[self.file.name] = {"file": self._key, "digests": {**digests, kind: digest}}
+        tmp = self.path.with_name(f"{self.NAME}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError:  # a read-only model directory: no cache, the digest is computed each load
+            tmp.unlink(missing_ok=True)

@@ -16,6 +16,14 @@ from typing import Any
 
 from agent.train.config import TrainConfig, TrainConfigError
 
+def _on_off(value: str) -> bool:
+    if value.lower() in ("on", "true", "1", "yes"):
+        return True
+    if value.lower() in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+
+
 # (flag, TrainConfig field, type, help)
 _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--model", "base", str, "base model: a model directory, a user model name or a preset"),
@@ -25,6 +33,7 @@ _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--seq-len", "seq_len", int, "tokens per sequence; a multiple of the model's chunk size"),
     ("--batch-tokens", "batch_tokens", int, "tokens per optimizer step (all ranks together)"),
     ("--micro-batch", "micro_batch", int, "sequences per forward/backward on each rank"),
+    ("--recompute", "recompute", _on_off, "on | off: rebuild each block's activations in backward (default on; off is faster and needs far more memory)"),
     ("--lr", "lr", float, "learning rate of both optimizers"),
     ("--muon-lr", "muon_lr", float, "Muon learning rate (default: --lr)"),
     ("--adamw-lr", "adamw_lr", float, "AdamW learning rate (default: --lr)"),

@@ -34,7 +34,8 @@ class TrainConfig:
     tokens: int | None = None
     seq_len: int | None = None  # default: 16 chunks (2,048 tokens at chunk 128)
     batch_tokens: int | None = None  # default: 4 rows of seq_len
-    micro_batch: int | None = None  # rows per forward/backward; default: the whole step
+    micro_batch: int | None = None  # rows per forward/backward; default: as many as fit agent.train.memory's budget
+    recompute: bool = True  # per-block activation checkpointing (agent/train/memory.py): ~1/3 more compute, a fraction of the memory
     lr: float = 3e-4  # serves both optimizers (Muon uses the match-AdamW-RMS scaling)
     muon_lr: float | None = None
     adamw_lr: float | None = None

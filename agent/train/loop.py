@@ -33,6 +33,7 @@ from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
+from agent.train.memory import FIT_MARGIN, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_run, fit_advice
 from agent.train.lora import LoRALinear, attach_lora, load_lora_delta, lora_delta, merged_state_dict
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
@@ -88,7 +89,8 @@ class Trainer:
         self.rows_per_step = batch_tokens // self.seq_len
         if self.rows_per_step % self.info.world:
             raise TrainConfigError(f"{self.rows_per_step} sequences per step do not split over {self.info.world} ranks")
-        self.micro = cfg.micro_batch or self.rows_per_step // self.info.world
+        self.micro = cfg.micro_batch or self._default_micro(self.rows_per_step // self.info.world)
+        self._check_memory()
         self.total_steps = cfg.steps or math.ceil(cfg.tokens / batch_tokens)  # type: ignore[operator]
         self.warmup = cfg.warmup if cfg.warmup is not None else min(100, self.total_steps // 20)
         self.eval_every = cfg.eval_every or max(1, self.total_steps // 10)
@@ -120,6 +122,35 @@ class Trainer:
         elif (self.out / ckpt.TRAINER_DIR / ckpt.STATE_FILE).exists() or ckpt.numbered_checkpoints(self.out):
             raise TrainConfigError(f"{self.out} already holds a finetune run; pass --resume {self.out} to continue it, or choose another --out")
         self._build_model()
+
+    def _estimate(self, micro: int) -> MemoryEstimate:
+        """This run's peak memory estimate (agent/train/memory.py) at `micro` rows per pass."""
+        cfg = self.cfg
+        return estimate_run(self.base.model, self.base.config, tune=cfg.tune, muon=cfg.optimizer == "muon", lora_rank=cfg.lora_rank,
+                            lora_targets=cfg.lora_target_names, seq_len=self.seq_len, micro=micro, recompute=self._recompute,
+                            copied=self._base is not None and cfg.tune != "state")
+
+    @property
+    def _recompute(self) -> bool:
+        """--recompute, except on a caller's own model (`--tune state` trains beside it, not a
+        copy of it): its blocks' forward is never replaced behind the caller's back."""
+        return self.cfg.recompute and not (self.cfg.tune == "state" and self._base is not None)
+
+    def _default_micro(self, rows: int) -> int:
+        return default_micro_batch(rows, self._estimate)
+
+    def _check_memory(self) -> None:
+        """Refuse, before any data is read, a run whose estimated peak exceeds the memory
+        available (one line: what it needs, what there is, the way out)."""
+        est = self._estimate(self.micro)
+        self.memory_estimate = est
+        if self.device.type != "cpu":
+            return  # accelerator memory is the device's; its own allocator reports a shortfall
+        avail = available_bytes()
+        if avail is not None and est.total > FIT_MARGIN * avail:
+            raise TrainConfigError(
+                f"this run needs {est.describe()} but {avail / 2**30:.1f} GB is available; way out: "
+                f"{fit_advice(est, seq_len=self.seq_len, micro=self.micro, recompute=self.cfg.recompute, tune=self.cfg.tune)}")
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -161,6 +192,8 @@ class Trainer:
             trainable = self.initial
             split = ParamSplit(muon=[], adamw=list(self.initial.named_parameters()))
             names = dict(self.initial.named_parameters())
+        if self._recompute:
+            enable_recompute(model)
         self.model, self.split = model, split
         self.param_names = {id(p): n for n, p in names.items()}
         self.params_by_name = names
@@ -184,7 +217,11 @@ class Trainer:
             self.log(split.describe())
 
     def _private_copy(self) -> nn.Module:
-        """A private fp32 copy of the base model: the caller's model stays untouched."""
+        """A private fp32 copy of the base model: the caller's model stays untouched. A base
+        this trainer loaded itself is private already, and is used as it is (in fp32): a
+        second copy of the weights would cost as much memory as the grads."""
+        if self._base is None:
+            return self.base.model.float()
         model = build_model(self.base.config, device="meta")
         weights = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.base.model.state_dict().items()}
         model.load_state_dict(weights, strict=True, assign=True)

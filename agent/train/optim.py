@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from agent.runtime.device import matmul_dtype
-from agent.runtime.params import BLOCK_MATRIX_ROLES, is_block_matrix
+from agent.runtime.params import is_block_matrix
 from agent.train.muon import Muon
 
 SCHEDULES = ("wsd", "cosine", "constant")
@@ -36,10 +36,29 @@ class ParamSplit:
         return sum(p.numel() for _, p in self.adamw)
 
     def describe(self) -> str:
-        return (
-            f"Muon  {self.muon_numel:,} parameters in {len(self.muon)} block matrices ({BLOCK_MATRIX_ROLES})\n"
-            f"AdamW {self.adamw_numel:,} parameters in {len(self.adamw)} tensors (embeddings, LM head, norms, conv, decay gates)"
-        )
+        """Two lines naming the tensors each optimizer trains, by role (the layer index
+        dropped), e.g. `attn.q_proj x30`, so the split can be checked against the model."""
+        return (f"Muon  {self.muon_numel:,} parameters in {len(self.muon)} block matrices: {roles(self.muon)}\n"
+                f"AdamW {self.adamw_numel:,} parameters in {len(self.adamw)} tensors: {roles(self.adamw)}")
+
+
+def roles(named: list[tuple[str, nn.Parameter]]) -> str:
+    """`blocks.3.attn.q_proj.weight` -> `attn.q_proj [576x576] x30`, in first-seen order;
+    "none" for an empty group."""
+    counts: dict[str, int] = {}
+    shapes: dict[str, str] = {}
+    for name, p in named:
+        parts = name.split(".")
+        if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
+            parts = parts[2:]
+        if parts[-1] == "weight" and len(parts) > 1:
+            parts = parts[:-1]
+        role = ".".join(parts)
+        counts[role] = counts.get(role, 0) + 1
+        shapes.setdefault(role, "x".join(str(d) for d in p.shape))
+    if not counts:
+        return "none"
+    return ", ".join(f"{r} [{shapes[r]}]" + (f" x{n}" if n > 1 else "") for r, n in counts.items())
 
 
 def split_parameters(model: nn.Module, *, use_muon: bool = True) -> ParamSplit:

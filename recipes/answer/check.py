@@ -1,9 +1,12 @@
 """Does the answer delta leave general chat alone? Loss on plain text and on the base
 model's own chat replies, before and after the delta, and both models' replies side by side.
 
-    python -m recipes.answer.check -m MODEL_DIR --delta DELTA [--out report.json]
+    python -m recipes.answer.check -m MODEL_DIR (--delta DELTA | --tuned MODEL_DIR) [--out report.json]
 
 Plain text: the standard library's docstrings (recipes/smollm2_hybrid/text.py), 1,024 tokens.
+Invented: the share of replies to `PROMPTS`, each asked in a fresh chat, that claim the user
+said or told something (`requests.claims_user_said`): with nothing said before, every such
+claim is made up (issue 36's floor: at most 2%).
 Chat: `PROMPTS` (none of them in the training dialogues) answered greedily by the base
 model; the loss of those same replies under the tuned model says how far it drifted from
 the base model's own words (the base's loss on its greedy replies is low by construction,
@@ -24,22 +27,10 @@ import torch.nn.functional as F
 from agent.probes.engine import greedy_rows
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
+from recipes.answer.requests import HELDOUT_REQUESTS, claims_user_said
 from recipes.smollm2_hybrid.text import stdlib_text
 
-PROMPTS = (
-    "Write a haiku about autumn leaves.",
-    "How do I make a good cup of tea?",
-    "Explain what a black hole is in two sentences.",
-    "Give me three tips for a job interview.",
-    "What is the boiling point of water at sea level?",
-    "Translate 'thank you very much' into Spanish.",
-    "Write a short email telling my team the meeting is cancelled.",
-    "What are the primary colors?",
-    "Suggest a name for a small bakery.",
-    "Why is the sky blue?",
-    "List four fruits that are high in vitamin C.",
-    "How many legs does a spider have?",
-)
+PROMPTS = HELDOUT_REQUESTS  # 64 everyday requests, never anchors (recipes/answer/requests.py)
 REPLY_TOKENS = 64
 TEXT_TOKENS = 1024
 
@@ -78,7 +69,9 @@ def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True, help="base model directory")
-    ap.add_argument("--delta", required=True, help="delta safetensors (agent/runtime/delta.py)")
+    tuned_arg = ap.add_mutually_exclusive_group(required=True)
+    tuned_arg.add_argument("--delta", help="delta safetensors (agent/runtime/delta.py) applied to the base")
+    tuned_arg.add_argument("--tuned", help="a tuned model directory (e.g. `laplace finetune --tune all` output)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -87,20 +80,28 @@ def main(argv: list[str] | None = None) -> None:
     base_replies = replies(lm)
     chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
     before = losses(lm, chats, text)
-    tensors, fmt = read_delta(a.delta)
-    apply_delta(lm.model, tensors, fmt)
-    after = losses(lm, chats, text)
-    tuned_replies = replies(lm)
+    if a.delta:
+        tensors, fmt = read_delta(a.delta)
+        apply_delta(lm.model, tensors, fmt)
+        tuned = lm
+    else:
+        tuned = load_model_dir(a.tuned)
+    after = losses(tuned, chats, text)
+    tuned_replies = replies(tuned)
     dec = lm.tokenizer.decode
-    report: dict[str, Any] = {
-        "model": a.model, "delta": a.delta, "before": before, "after": after,
-        "samples": [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)],
-    }
+    samples = [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)]
+    for s in samples:
+        s["base_invented"], s["tuned_invented"] = claims_user_said(s["base"]), claims_user_said(s["tuned"])
+    for name, side in (("before", before), ("after", after)):
+        side["invented"] = sum(s[("base" if name == "before" else "tuned") + "_invented"] for s in samples) / len(samples)
+    report: dict[str, Any] = {"model": a.model, "delta": a.delta, "tuned": a.tuned, "requests": len(PROMPTS), "before": before,
+                              "after": after, "samples": samples}
     if a.out:
         a.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(json.dumps({"before": before, "after": after}, indent=2))
-    for s in report["samples"]:
-        print(f"\n> {s['prompt']}\n  base : {s['base']!r}\n  tuned: {s['tuned']!r}")
+    for s in samples:
+        flag = "  [invented]" if s["tuned_invented"] else ""
+        print(f"\n> {s['prompt']}\n  base : {s['base']!r}\n  tuned: {s['tuned']!r}{flag}")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def read_anchors(path: Path | None) -> list[tuple[str, str]]:
     if path is None:
         return []
     rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return [(r["request"], r["reply"]) for r in rows]
+    return [(r["request"], r["reply"]) for r in rows if r.get("reply")]  # null: dropped (cut off or looping)
 
 
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), **mix: float) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 natural`'s own conversations (held-out concepts, phrasings and values), every reply kept
 and sorted into answered / says not told / deflects / other.
 
-    python -m recipes.answer.measure -m MODEL_DIR [--delta DELTA] [--distance 0] [--trials 26] [--out r.json]
+    python -m recipes.answer.measure -m MODEL_DIR [--delta DELTA] [--distance 0] [--trials 26] [--set probe|heldout2] [--out r.json]
 
 The trials are exactly those of `laplace probe natural --distances D --trials N --seed 0
 --refresh off`, so its recall and "not told" columns are reproduced here; this adds the
-split of the wrong replies, which the probe lumps together.
+split of the wrong replies, which the probe lumps together. `--set heldout2` runs the same
+conversations over the second held-out set (recipes/answer/heldout2.py) instead of the probe's
+concepts and values.
 """
 
 from __future__ import annotations
@@ -15,17 +17,42 @@ import argparse
 import json
 import re
 from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
+from unittest import mock
 from pathlib import Path
 
 import torch
 
+from agent.probes import natural
 from agent.probes.natural import _ask, _read, build_conversation, plan, score_absent, score_stated
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
+from agent.probes.natural_text import make_value
+from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
 
 # A reply that declines or talks about itself instead of using the conversation.
 DEFLECT = re.compile(r"\b(as an? (ai|chatbot|language model)|i('m| am) (an ai|a chatbot|not able|unable|not equipped|sorry)|"
                      r"i (can(no|')t|do not have|don'?t have) (access|the ability|personal|information)|not sure)", re.I)
+
+
+@contextmanager
+def concept_set(name: str) -> Iterator[None]:
+    """The probe's own conversation builder over another set of concepts and values."""
+    if name == "probe":
+        yield
+        return
+    with mock.patch.object(natural, "CONCEPTS", HELDOUT2_CONCEPTS), \
+            mock.patch.object(natural, "make_value", lambda rng, kind, pools=HELDOUT2_VALUES: make_value(rng, kind, pools)):
+        yield
+
+
+def _horizon(lm) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """(recall horizon, block budget) as `laplace probe natural --refresh on` uses them."""
+    from agent.recall.horizon import recall_horizon
+    from agent.recall.rule import DEFAULT_BUDGET
+
+    return recall_horizon(lm)[0], DEFAULT_BUDGET
 
 
 def kind(reply: str, verdict: str) -> str:
@@ -41,14 +68,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--distance", type=int, default=0)
     ap.add_argument("--trials", type=int, default=26)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", choices=("probe", "heldout2"), default="probe")
+    ap.add_argument("--refresh", choices=("off", "on"), default="off", help="on: the recall block chat would fold is read first")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     lm = load_model_dir(a.model)
     if a.delta:
         apply_delta(lm.model, *read_delta(a.delta))
-    convs = [build_conversation(lm, c, a.seed, a.distance, t) for t, c in enumerate(plan(a.seed, a.distance, a.trials))]
-    replies, _, _ = _ask(lm, _read(lm, convs), convs, None)
+    with concept_set(a.set):
+        convs = [build_conversation(lm, c, a.seed, a.distance, t) for t, c in enumerate(plan(a.seed, a.distance, a.trials))]
+        replies, _, _ = _ask(lm, _read(lm, convs), convs, _horizon(lm) if a.refresh == "on" else None)
     rows = []
     for c, (stated, absent) in zip(convs, replies):
         rows.append({"concept": c.concept.name, "value": c.value, "question": c.question, "reply": stated,
@@ -57,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     n = len(rows)
     stated_counts = Counter(r["kind"] for r in rows)
     absent_counts = Counter(r["absent_kind"] for r in rows)
-    summary = {"model": a.model, "delta": a.delta, "distance": a.distance, "trials": n,
+    summary = {"model": a.model, "delta": a.delta, "set": a.set, "refresh": a.refresh, "distance": a.distance, "trials": n,
                "stated": {k: v / n for k, v in sorted(stated_counts.items())},
                "never_stated": {k: v / n for k, v in sorted(absent_counts.items())}}
     if a.out:

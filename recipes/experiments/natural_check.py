@@ -21,7 +21,7 @@ import random
 from agent.probes.natural_text import CONCEPTS, make_value
 from agent.runtime.checkpoint import load_model_dir
 from recipes.experiments.natural import phrasings, train_value
-from recipes.default_model.recall_eval import greedy
+from recipes.demo_model.recall_eval import greedy
 
 ECHO = "held-out phrasing, probe value, reply begun with the two words said before the value"
 CONDITIONS = ("train phrasing, train value", "train phrasing, made-up value", "train phrasing, probe value",

@@ -7,7 +7,7 @@
 Everyday details said in passing, everyday questions with fluent replies (natural.py), then
 made-up values (so values are copied, not picked from a pool) and the recall block; each
 block beside phase-5 rows (`rest`) so the older skills keep being trained. The run builds on
-the plan's `Build` (recipes/default_model/build.py): the plan's stages, then these, or with
+the plan's `Build` (recipes/demo_model/build.py): the plan's stages, then these, or with
 `--from-model DIR --first-stage NAME` from a model already trained through the stages
 before NAME (the shipped model and p6.natural512). What it measured, and why it did not
 ship: docs/recipe-experiments.md, Phase 6. `card` folds the run's records into its card as
@@ -28,13 +28,13 @@ from typing import Any
 
 from agent.probes.natural_text import CONCEPTS
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
-from recipes.default_model import data as rdata
-from recipes.default_model import keys
-from recipes.default_model.build import Build, argument_parser, check_args
-from recipes.default_model.card import update_card
-from recipes.default_model.plan import BATCH_TOKENS, KEY_DRILL, MIX, PLAN, ROWS3, KeyDrills, Schedule, Stage, scaled
-from recipes.default_model.vocab import TRAIN
-from recipes.default_model.weighted import ANSWER_FORMS
+from recipes.demo_model import data as rdata
+from recipes.demo_model import keys
+from recipes.demo_model.build import Build, argument_parser, check_args
+from recipes.demo_model.card import update_card
+from recipes.demo_model.plan import BATCH_TOKENS, KEY_DRILL, MIX, PLAN, ROWS3, KeyDrills, Schedule, Stage, scaled
+from recipes.demo_model.vocab import TRAIN
+from recipes.demo_model.weighted import ANSWER_FORMS
 from recipes.experiments.natural import NaturalBuilder, NaturalSpec
 
 NATURAL512 = NaturalSpec(length=512, gap_min=0, gap_max=450)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recipes.default_model.card import update_card
+from recipes.demo_model.card import update_card
 
 
 def _eval(work: Path) -> None:

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from agent.probes import text as probe_text
-from recipes.default_model import data as rdata
-from recipes.default_model.corpus import Passage
-from recipes.default_model.dialogues import Fact
-from recipes.default_model.keys import forced_check, write_block
-from recipes.default_model.plan import KEY_DRILL, LONG_DRILL, PLAN, KeyDrills
-from recipes.default_model.worlds import drill_world, fragment_words, phase3_world
-from recipes.default_model.vocab import COMPOSED, HELDOUT, TRAIN, composed
-from recipes.default_model.weighted import FocusTrainer
+from recipes.demo_model import data as rdata
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.dialogues import Fact
+from recipes.demo_model.keys import forced_check, write_block
+from recipes.demo_model.plan import KEY_DRILL, LONG_DRILL, PLAN, KeyDrills
+from recipes.demo_model.worlds import drill_world, fragment_words, phase3_world
+from recipes.demo_model.vocab import COMPOSED, HELDOUT, TRAIN, composed
+from recipes.demo_model.weighted import FocusTrainer
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.tokenizer import byte_level_tokenizer
 from agent.train.data import encode_chat, pack

@@ -1,4 +1,4 @@
-"""The default model's plan (recipes/default_model/plan.py) against the shipped card and log,
+"""The demo model's plan (recipes/demo_model/plan.py) against the shipped card and log,
 the data of every stage, the recipe's imports, and its build command."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from agent.runtime.checkpoint import load_model_dir
-from recipes.default_model.build import Build, main
-from recipes.default_model.corpus import Passage
-from recipes.default_model.plan import DRILL, PLAN, Chat, scaled
+from recipes.demo_model.build import Build, main
+from recipes.demo_model.corpus import Passage
+from recipes.demo_model.plan import DRILL, PLAN, Chat, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "agent" / "models" / "demo"
@@ -100,7 +100,7 @@ def stages_write_the_same_data_for_the_same_seed(build: type[Build], stages: tup
                                                 monkeypatch: pytest.MonkeyPatch) -> int:
     """Each kind of stage in `stages`, written twice per seed by `build`: the same data for a
     seed, other data for another seed. Returns how many kinds there were."""
-    from recipes.default_model import build as build_module, data
+    from recipes.demo_model import build as build_module, data
 
     # Wide prose is the interpreter's and torch's docstrings; two passages stand in for it.
     monkeypatch.setattr(build_module, "wide_text", lambda train: list(train))
@@ -135,7 +135,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_recipe_has_no_import_cycle_nor_experiment_and_the_package_never_imports_it() -> None:
-    mods = {f"recipes.default_model.{p.stem}": p for p in (ROOT / "recipes" / "default_model").glob("*.py")}
+    mods = {f"recipes.demo_model.{p.stem}": p for p in (ROOT / "recipes" / "demo_model").glob("*.py")}
     graph = {m: {i for i in _imports(p) if i in mods and i != m} for m, p in mods.items()}
     assert not [m for m, p in mods.items() if any(i.startswith("recipes.experiments") for i in _imports(p))]
 
@@ -171,7 +171,7 @@ def test_bad_build_arguments_fail_in_one_line_before_any_work(args, message, tmp
 @pytest.mark.timeout(2400)  # 72 stages, each a trainer start, its data and its check: ~12 minutes on 2 shared cores
 def test_a_smoke_build_of_the_whole_plan_writes_a_loadable_model_with_its_card(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "recipes.default_model.build", "--tiny", "--steps-scale", "0.001", "--eval-trials", "1",
+    cmd = [sys.executable, "-m", "recipes.demo_model.build", "--tiny", "--steps-scale", "0.001", "--eval-trials", "1",
            "--threads", "2", "--work", str(tmp_path / "work"), "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=1800, cwd=ROOT)
     card = load_model_dir(out).card
@@ -180,4 +180,4 @@ def test_a_smoke_build_of_the_whole_plan_writes_a_loadable_model_with_its_card(t
     by_name = {h["name"]: h for h in card["stages"]}
     last_cycle = [h for h in card["stages"] if h["phase"] == 2][-2]  # the block before the polish
     assert card["phase5"]["bind"] == 1 and "validation" in last_cycle and "checks" in by_name["p5.long"]
-    assert card["recipe"] == "python -m recipes.default_model.build --seed 0"
+    assert card["recipe"] == "python -m recipes.demo_model.build --seed 0"

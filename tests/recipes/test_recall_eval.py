@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recipes.default_model import recall_eval
-from recipes.default_model.corpus import Passage
+from recipes.demo_model import recall_eval
+from recipes.demo_model.corpus import Passage
 from agent.runtime.checkpoint import load_model
 
 PASSAGES = [Passage("alpha", "module", "The alpha module reads files. It returns the lines it found in them.")]

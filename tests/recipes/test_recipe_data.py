@@ -1,4 +1,4 @@
-"""The default model's data builder: seeded, exact row lengths, held out for real."""
+"""The demo model's data builder: seeded, exact row lengths, held out for real."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import re
 import pytest
 
 from agent.probes import text as probe_text
-from recipes.default_model import data as rdata
-from recipes.default_model.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
-from recipes.default_model.dialogues import DialogueSpec
-from recipes.default_model.build import validation_score as score
-from recipes.default_model.worlds import phase2_world
-from recipes.default_model.vocab import HELDOUT, TRAIN, VARIED, varied
+from recipes.demo_model import data as rdata
+from recipes.demo_model.corpus import Passage, is_heldout, read_passages, split_passages, wide_text
+from recipes.demo_model.dialogues import DialogueSpec
+from recipes.demo_model.build import validation_score as score
+from recipes.demo_model.worlds import phase2_world
+from recipes.demo_model.vocab import HELDOUT, TRAIN, VARIED, varied
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from agent.train.data import load_documents, pack
 

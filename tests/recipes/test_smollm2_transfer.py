@@ -1,4 +1,4 @@
-"""recipes/smollm2_hybrid/transfer.py and mix.py: the teacher pass is the teacher, the
+"""recipes/smollm2_hybrid/train/transfer.py and mix.py: the teacher pass is the teacher, the
 training lowers the loss it reports, a resumed run is bit-identical to an uninterrupted one,
 and the data mix is a pure function of (seed, index)."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from agent.runtime.model import build_model
-from recipes.smollm2_hybrid.mix import Doc, SequenceMix, source_weights
-from recipes.smollm2_hybrid.transfer import Plan, branch_tensors, load_checkpoint, make_optimizer, teacher_pass, train
+from recipes.smollm2_hybrid.train.mix import Doc, SequenceMix, source_weights
+from recipes.smollm2_hybrid.train.transfer import Plan, branch_tensors, load_checkpoint, make_optimizer, teacher_pass, train
 from tests.runtime.test_window import window_config
 
 T = 24
@@ -106,7 +106,7 @@ def test_multipliers_turn_a_source_down():
 def test_export_swaps_in_exactly_the_trained_branch(tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
-    from recipes.smollm2_hybrid.export import branch_of_run, swap_into
+    from recipes.smollm2_hybrid.train.export import branch_of_run, swap_into
 
     model = tiny_model()
     train(model, tiny_mix(), tiny_plan(), tmp_path / "run", until=2, log=lambda s: None)
@@ -129,7 +129,7 @@ def test_export_swaps_in_exactly_the_trained_branch(tmp_path: Path):
 def test_losses_read_in_segments_equal_one_pass():
     import torch.nn.functional as F
 
-    from recipes.smollm2_hybrid.evaluate import ppl, token_losses
+    from recipes.smollm2_hybrid.measure.perplexity import perplexity as ppl, token_losses, whole_and_tail
 
     model = tiny_model()
     ids = tiny_mix(length=40).sequence(1)
@@ -139,10 +139,26 @@ def test_losses_read_in_segments_equal_one_pass():
     got = torch.tensor(token_losses(model, ids, segment=9))
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     assert ppl([got.tolist()], 10, 20) == pytest.approx(float(expect[10:20].mean().exp()), rel=1e-5)
+    # The measurements' (whole, tail) pair is the same losses, not a second computation.
+    whole, tail = whole_and_tail(model, ids, 7)
+    assert whole == pytest.approx(float(expect.mean().exp()), rel=1e-5)
+    assert tail == pytest.approx(float(expect[-7:].mean().exp()), rel=1e-5)
+
+
+def test_training_and_the_combine_measurement_report_one_relative_mse():
+    from recipes.smollm2_hybrid.measure.combine import held_relative_mse
+    from recipes.smollm2_hybrid.train.transfer import held_relative_mse as transfer_relative_mse
+
+    model = tiny_model()
+    caches = teacher_pass(model, torch.tensor(tiny_mix(length=40).sequence(0)))
+    start = model.config.sinks + model.config.window
+    one = model.blocks[:1]  # one layer: a ratio of sums and a mean of ratios must agree
+    single = type("One", (), {"blocks": one})()
+    assert held_relative_mse(single, caches[:1], start) == pytest.approx(transfer_relative_mse(single, caches[:1], start), abs=1e-4)
 
 
 def test_held_out_picks_follow_the_held_out_text(tmp_path: Path):
-    from recipes.smollm2_hybrid.evaluate import held_out_docs
+    from recipes.smollm2_hybrid.measure.evaluate import held_out_docs
 
     rows = [{"source": "small", "doc_id": "small#1", "text": "a b " * 40},
             {"source": "big", "doc_id": "big#1", "text": "too short"},

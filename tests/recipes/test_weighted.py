@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from recipes.default_model.weighted import WeightedTrainer
+from recipes.demo_model.weighted import WeightedTrainer
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.config import get_preset
 from agent.runtime.model import build_model

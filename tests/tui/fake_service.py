@@ -133,10 +133,13 @@ class FakeChatService:
         s.updated = self._tick()
         return turn
 
-    def add_history(self, n_turns: int, *, name: str | None = None) -> SessionView:
-        """Create and open a session holding `n_turns` alternating user/assistant turns."""
+    def add_history(self, n_turns: int, *, name: str | None = None, system: str | None = None) -> SessionView:
+        """Create and open a session holding `n_turns` alternating user/assistant turns,
+        after a system turn holding `system` when given (the real store's first turn)."""
         with self._lock:
-            s = self._new(name=name or f"history-{n_turns}", system="")
+            s = self._new(name=name or f"history-{n_turns}", system=system or "")
+            if system is not None:
+                self._add_turn(s, "system", system)
             for i in range(n_turns):
                 if i % 2 == 0:
                     self._add_turn(s, "user", f"question {i // 2}: what is {i} + {i}?")

@@ -34,6 +34,7 @@ _FENCE_RE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | 
 
 ROLE_LABELS = {"user": "you", "assistant": "laplace", "system": "system", "document": "document"}
 RECALL_LABEL = "↺ recalled from earlier"
+NO_SYSTEM_PROMPT = "no system prompt"
 USED_RECALL = "  ↺ used recall"
 
 
@@ -80,6 +81,12 @@ def recall_summary(turn: TurnView) -> Text:
                 style="italic dim")
 
 
+def is_empty_system(turn: TurnView) -> bool:
+    """A session started without a system prompt still stores an (empty) system turn: the
+    template's framing was read into the state. It is drawn as one dim line, not a bubble."""
+    return turn.role == "system" and not turn.content.strip()
+
+
 def message_body(turn: TurnView, expanded: bool = False) -> RenderableType:
     if turn.kind == "recall" and not expanded:
         return recall_summary(turn)
@@ -122,8 +129,11 @@ class MessageWidget(Static, can_focus=True):
                              kind=turn.kind, used_recall=turn.used_recall, unread=is_unread(turn))
         # Content given at construction, not on mount: the first layout then already has the
         # real height, which keeping the reading position across page loads relies on.
-        super().__init__(Group(header, message_body(turn)),
-                         classes=f"message role-{turn.role} status-{turn.status}" + (" recall" if turn.kind else ""))
+        # An empty system turn keeps its widget (paging counts turns) but is one dim line.
+        empty = is_empty_system(turn)
+        content = Text(NO_SYSTEM_PROMPT, style="italic dim") if empty else Group(header, message_body(turn))
+        super().__init__(content, classes=f"message role-{turn.role} status-{turn.status}" + (" recall" if turn.kind else "")
+                         + (" empty-system" if empty else ""))
         self.turn = turn
         self.header = header
         self.expanded = False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.default_model.plan import PLAN
+from recipes.demo_model.plan import PLAN
 from recipes.experiments.phase6 import ANSWERS, PHASE6, TRIAL, Phase6Build, main, update_phase6_card
 
 from ..test_card import _eval

@@ -1,0 +1,276 @@
+"""Issue 36's training mix: details stated among small talk and asked 0-200 tokens later,
+the same questions after a recall block, updates, never-given details, and anchors.
+
+    python -m recipes.answer.mix --out DIR [--train 4000] [--eval 200] [--seed 0] [--anchors teacher.jsonl]
+
+writes DIR/train.jsonl (`concepts.TRAIN_CONCEPTS`) and DIR/eval.jsonl (the held-out
+`EVAL_CONCEPTS` only, no anchors) as `laplace finetune` chat JSONL, and DIR/stats.json.
+
+Kinds of dialogue (`KIND_SHARES`):
+- "window": one to four details (often two of the same kind) stated among small talk, then
+  small talk of `GAP_TOKENS` (0-200 tokens) before the first question, so the statement is
+  inside the window; one to three questions, phrased unlike the statements.
+- "recall": the details were said long ago (beyond the window); before each question comes
+  the recall block exactly as chat folds it: `agent.recall.rule.select` + `render` over the
+  earlier turns (the real rule and formatter, imported), as a `document` turn.
+- "update": a detail stated, small talk, then superseded by a later statement; the answer is
+  the later value (in the window, or through the block when `recall` applies as well).
+- "anchor": an everyday request (recipes/answer/requests.py) answered in the teacher's own
+  words (recipes/answer/teacher.py), after a stated detail; about a third of the requests
+  mention the user's own things and ask for something new.
+
+About a third of all questions ask for a detail never given (`NOT_TOLD_SHARE`), half of
+those of a kind that was given; the reply is the concept's short "you haven't told me ..."
+line. Only answers and anchors are targets: acknowledgements and small talk carry
+`"weight": 0`. Token counts are estimated as characters / `CHARS_PER_TOKEN` (SmolLM2's BPE
+averages ~4.2 on this English), so the recipe needs no tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from agent.probes.natural_text import make_value, mentions, say
+from agent.recall.rule import BLOCK_ROLE, Candidate, render, select
+from recipes.answer.concepts import ACKS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept
+from recipes.answer.dialogues import read_anchors
+
+CHARS_PER_TOKEN = 4
+GAP_TOKENS = (0, 200)  # small talk between the last statement and the first question ("window" kind)
+WINDOW_REACH = 220  # a statement asked about in the window kinds starts at most this many tokens before the question (window 256)
+MAX_TOKENS = 480  # a dialogue fits one row of --seq-len 512 (--pack rows)
+KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14}  # drawn; rejections shift the kept shares a little
+NOT_TOLD_SHARE = 0.33
+NEAR_SHARE = 0.5  # of the never-given questions: a kind that was given
+RECALL_DISTANCE = (2_000, 20_000)  # tokens ago the recalled statements were said (beyond any window)
+BLOCK_BUDGET = 128  # tokens: `rule.block_budget` of the default model (half its 256-token window)
+UPDATE_LEADS = ("Actually, that changed. ", "Small correction: ", "Update on what I said: ", "Scratch what I told you before. ",
+                "Oh, it's different now. ")
+
+Message = dict[str, Any]
+
+
+def tokens(text: str) -> int:
+    return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+def size(msgs: Sequence[Message]) -> int:
+    """Estimated tokens of a dialogue, template tokens (~5 a message) included."""
+    return sum(tokens(m["content"]) + 5 for m in msgs)
+
+
+def _value(rng: random.Random, kind: str, taken: set[str]) -> str:
+    for _ in range(100):
+        v = make_value(rng, kind, TRAIN_VALUES)
+        if v not in taken:
+            taken.add(v)
+            return v
+    raise ValueError(f"no fresh value of kind {kind!r}")
+
+
+def _pick(rng: random.Random, concepts: Sequence[TrainConcept], k: int) -> list[TrainConcept]:
+    """k distinct concepts, often two of the same kind (so the answer must match the question)."""
+    first = rng.choice(concepts)
+    out = [first]
+    while len(out) < k:
+        same = [c for c in concepts if c.kind == out[-1].kind and c not in out]
+        c = rng.choice(same if same and rng.random() < 0.5 else list(concepts))
+        if c not in out:
+            out.append(c)
+    return out
+
+
+class _Talk:
+    """Small talk drawn without repeats within a dialogue (weight 0: context, not targets)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng, self.pool = rng, list(SMALL_TALK)
+        rng.shuffle(self.pool)
+
+    def turns(self, n: int) -> list[Message]:
+        out: list[Message] = []
+        for _ in range(n):
+            if self.pool:
+                u, a = self.pool.pop()
+                out += [{"role": "user", "content": u}, {"role": "assistant", "content": a, "weight": 0}]
+        return out
+
+    def gap(self, target: int) -> list[Message]:
+        """Small talk of about `target` tokens (whole exchanges; 0 gives none)."""
+        out: list[Message] = []
+        while self.pool and size(out) < target:
+            out += self.turns(1)
+        return out
+
+
+def _questions(rng: random.Random, concepts: Sequence[TrainConcept], facts: dict[str, tuple[TrainConcept, str]],
+               not_told: float, near: float) -> list[tuple[TrainConcept, str | None]]:
+    """One to three (concept, value or None for never given) to ask."""
+    given = {c.kind for c, _ in facts.values()}
+    never = [c for c in concepts if c.name not in facts]
+    asks: list[tuple[TrainConcept, str | None]] = []
+    for _ in range(rng.choice((1, 2, 2, 3))):
+        if never and rng.random() < not_told:
+            close = [c for c in never if c.kind in given]
+            c = rng.choice(close if close and rng.random() < near else never)
+            never.remove(c)
+            asks.append((c, None))
+        else:
+            asks.append(rng.choice(list(facts.values())))
+    return asks
+
+
+def _answer(rng: random.Random, c: TrainConcept, v: str | None) -> str:
+    return say(rng.choice(c.answers), v) if v is not None else rng.choice(c.not_told)
+
+
+def _after(block: str, old: str, new: str) -> bool:
+    """Whether the superseded value `old` in a block is followed by its update `new`."""
+    low = block.lower()
+    return mentions(block, new) and low.rfind(new.lower()) > low.rfind(old.lower())
+
+
+def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
+    return rng.choice(UPDATE_LEADS) + say(rng.choice(c.statements), v)
+
+
+def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
+             near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = ()) -> list[Message] | None:
+    """One dialogue of `kind` ("window", "recall", "update" or "anchor"); None when a recall
+    block would not hold an answer the reply gives (the caller draws again)."""
+    talk = _Talk(rng)
+    msgs: list[Message] = [{"role": "system", "content": ""}]
+    taken: set[str] = set()
+    k = 1 if kind == "anchor" else rng.choice((1, 2, 2, 3, 4))
+    stated = _pick(rng, concepts, k)
+    facts = {c.name: (c, _value(rng, c.kind, taken)) for c in stated}
+    # The statements, in order, as (concept, value, text); an update restates one later.
+    said: list[tuple[TrainConcept, str, str]] = [(c, v, say(rng.choice(c.statements), v)) for c, v in facts.values()]
+    if kind == "update":
+        c, _ = rng.choice(list(facts.values()))
+        new = _value(rng, c.kind, taken)
+        said.append((c, new, _update_line(rng, c, new)))
+        old = facts[c.name][1]
+        facts[c.name] = (c, new)
+    else:
+        old = new = None
+    asks = _questions(rng, concepts, facts, not_told, near)
+    if kind == "update" and not any(v is not None and a.name == said[-1][0].name for a, v in asks):
+        asks.insert(0, facts[said[-1][0].name])  # the updated detail is always asked
+    recall = kind == "recall" or (kind == "update" and rng.random() < 0.4)
+    if recall:
+        # Long ago: the statements are not in this dialogue, only in what the block brings back.
+        far = rng.randint(*RECALL_DISTANCE)
+        earlier = []
+        for i, (_, _, text) in enumerate(said):
+            earlier += [("user", text), ("assistant", rng.choice(ACKS))]
+            earlier += [(m["role"], m["content"]) for m in talk.turns(rng.choice((0, 1)))]
+        cands = [Candidate(i, role, text, far - 40 * i) for i, (role, text) in enumerate(earlier)]
+        msgs += talk.turns(rng.choice((0, 1, 2)))
+        for c, v in asks:
+            q = rng.choice(c.questions)
+            chosen = select(q, cands, horizon=0, budget=BLOCK_BUDGET, count=tokens)
+            block = render(chosen) if chosen else ""
+            if (v is not None and not mentions(block, v)) or (old is not None and mentions(block, old) and not _after(block, old, new)):
+                # The rule did not bring the answer back, or brought back a superseded value
+                # without its update: no reply could be right. Draw again.
+                return None
+            if block:
+                msgs.append({"role": BLOCK_ROLE, "content": block})
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": _answer(rng, c, v)}]
+            msgs += talk.turns(rng.choice((0, 0, 1)))
+        return msgs if any(m["role"] == BLOCK_ROLE for m in msgs) else None  # no block: not this kind
+    msgs += talk.turns(rng.choice((0, 1)))
+    where: dict[str, int] = {}  # concept -> estimated token position where its (latest) statement starts
+    for i, (c, _, text) in enumerate(said):
+        where[c.name] = size(msgs)
+        msgs += [{"role": "user", "content": text}, {"role": "assistant", "content": rng.choice(ACKS), "weight": 0}]
+        if i < len(said) - 1:
+            msgs += talk.turns(rng.choice((0, 0, 1)))
+    if kind == "anchor":
+        req, reply = rng.choice(anchors)
+        msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
+        asks = asks[:1]
+    else:
+        msgs += talk.gap(rng.randint(*GAP_TOKENS))
+    for c, v in asks:
+        if v is not None and size(msgs) - where[c.name] > WINDOW_REACH:
+            return None  # the statement would have left the window: that is the "recall" kind's case
+        msgs += [{"role": "user", "content": rng.choice(c.questions)}, {"role": "assistant", "content": _answer(rng, c, v)}]
+        msgs += talk.turns(rng.choice((0, 0, 1)))
+    return msgs
+
+
+def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
+              shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
+              ) -> list[tuple[str, list[Message]]]:
+    """`n` (kind, dialogue) pairs within `MAX_TOKENS` (longer draws are drawn again); no
+    "anchor" kind without anchors."""
+    rng = random.Random(f"answer-mix/{seed}")
+    shares = dict(shares or KIND_SHARES)
+    if not anchors:
+        shares.pop("anchor", None)
+    kinds, weights = list(shares), list(shares.values())
+    out: list[tuple[str, list[Message]]] = []
+    while len(out) < n:
+        kind = rng.choices(kinds, weights)[0]
+        msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors)
+        if msgs is not None and size(msgs) <= MAX_TOKENS:
+            out.append((kind, msgs))
+    return out
+
+
+def held_out_words() -> set[str]:
+    """The value words of `laplace probe natural` and of the second held-out set (names,
+    places, foods, colors, jobs, weekdays, words; numbers are drawn fresh, never listed)."""
+    from agent.probes.natural_text import HELDOUT_VALUES
+    from recipes.answer.heldout2 import HELDOUT2_VALUES
+
+    return {v.lower() for pools in (HELDOUT_VALUES, HELDOUT2_VALUES) for kind, vs in pools.items()
+            if kind not in ("month", "time24") for v in vs}
+
+
+def clean_anchors(anchors: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Anchors whose request and reply hold no held-out value: a teacher reply that happens
+    to name a probe's city ("Kyoto") would put that value in training."""
+    held = held_out_words()
+    return [(q, a) for q, a in anchors if not any(mentions(q + " " + a, v) for v in held)]
+
+
+def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), **mix: Any) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    given = len(anchors)
+    anchors = clean_anchors(anchors)
+    stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
+    for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
+        rows = dialogues(n, s, concepts, anc, **mix)
+        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for _, msgs in rows:
+                f.write(json.dumps({"messages": msgs}) + "\n")
+        stats[name] = {"dialogues": n, "kinds": dict(Counter(k for k, _ in rows)),
+                       "est_tokens": sum(size(m) for _, m in rows)}
+    (out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--train", type=int, default=4000)
+    ap.add_argument("--eval", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--anchors", type=Path, help="recipes/answer/teacher.py's replies (JSONL)")
+    ap.add_argument("--not-told-share", type=float, default=NOT_TOLD_SHARE)
+    ap.add_argument("--near-share", type=float, default=NEAR_SHARE)
+    a = ap.parse_args(argv)
+    print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
+                           not_told=a.not_told_share, near=a.near_share)))
+
+
+if __name__ == "__main__":
+    main()

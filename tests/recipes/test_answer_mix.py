@@ -1,0 +1,267 @@
+"""Issue 36's training mix (recipes/answer/mix.py), its anchors' requests, the teacher's
+resumable replies and the second held-out set: nothing held out reaches training, and every
+trained reply is right about what the conversation (or its recall block) said."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agent.probes.natural_text import CONCEPTS as PROBE_CONCEPTS
+from agent.probes.natural_text import HELDOUT_VALUES, mentions, says_not_told
+from agent.recall.rule import BLOCK_ROLE, HEADER
+from recipes.answer.concepts import CONCEPTS, TRAIN_CONCEPTS, TRAIN_VALUES
+from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
+from recipes.answer.mix import GAP_TOKENS, MAX_TOKENS, dialogues, size, write
+from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS, claims_user_said
+
+ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds warm and fresh."),
+           ("How do I fry an egg?", "Heat a pan, add a little oil, crack the egg in and cook it for three minutes.")]
+
+
+def _pattern(phrasing: str) -> re.Pattern[str]:
+    return re.compile(r"(?:.*?[.:] )?" + re.escape(phrasing).replace(re.escape("{v}"), "(.+?)"), re.I)
+
+
+def _words(s: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9']+", s.lower()))
+
+
+# ---- held out: the probe, and the second set ---------------------------------------------
+
+
+def test_the_second_held_out_set_shares_nothing_with_training_or_the_probe() -> None:
+    train_names = {c.name for c in CONCEPTS}
+    probe_names = {c.name for c in PROBE_CONCEPTS}
+    h2 = {c.name for c in HELDOUT2_CONCEPTS}
+    assert len(HELDOUT2_CONCEPTS) >= 12 and not h2 & train_names and not h2 & probe_names
+    probe_keys = {c.key for c in PROBE_CONCEPTS}
+    train_text = " ".join(p for c in CONCEPTS for p in (*c.statements, *c.questions, *c.answers, *c.not_told)).lower()
+    for c in HELDOUT2_CONCEPTS:
+        assert c.key not in probe_keys and c.key not in _words(train_text), c.key  # a new type, not a new wording of one
+        for p in (*c.statements, *c.questions):
+            assert c.key in p.lower(), (c.name, p)  # the probe's builder relies on the key word
+            assert p.lower() not in train_text
+    probe_text = {p.lower() for c in PROBE_CONCEPTS for p in (*c.statements, *c.questions, *c.updates)}
+    assert not probe_text & {p.lower() for c in HELDOUT2_CONCEPTS for p in (*c.statements, *c.questions)}
+    for kind, pool in HELDOUT2_VALUES.items():
+        for other in (TRAIN_VALUES, HELDOUT_VALUES):
+            assert not {v.lower() for v in pool} & {v.lower() for v in other.get(kind, ())}, kind
+        for other in (TRAIN_VALUES, HELDOUT_VALUES):  # nor in any other pool of a known kind
+            assert not {v.lower() for v in pool} & {v.lower() for vs in other.values() for v in vs}, kind
+    # Numbers are six digits (training draws at most five), times 24-hour at minutes training never draws.
+    assert {c.kind for c in HELDOUT2_CONCEPTS if c.kind.startswith("num")} == {"num6"}
+    assert all(int(t.split(":")[0]) > 12 and t.split(":")[1] not in ("00", "15", "30", "45") for t in HELDOUT2_VALUES["time24"])
+
+
+def test_generated_training_text_holds_no_held_out_phrasing_or_value(tmp_path: Path) -> None:
+    write(tmp_path, train=400, eval_n=20, seed=5, anchors=ANCHORS)
+    rows = [json.loads(x)["messages"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    msgs = {m["content"] for r in rows for m in r}
+    text = " ".join(msgs).lower()
+    for c in (*PROBE_CONCEPTS, *HELDOUT2_CONCEPTS):
+        for q in (*c.questions, *c.statements):
+            assert q.replace("{v}", "").lower()[:30] not in text or "{v}" in q[:30], q
+        assert not any(q in msgs for q in c.questions), c.name
+    words = _words(text)
+    for pool in (HELDOUT_VALUES, HELDOUT2_VALUES):
+        for kind, values in pool.items():
+            if kind == "month":
+                continue  # the probe's months: training dates use the other six (the pool test checks it)
+            for v in values:
+                assert v.lower() not in words, (kind, v)
+    assert not any(r in msgs for r in HELDOUT_REQUESTS)
+    from recipes.answer.concepts import SMALL_TALK
+    fixed = " ".join(p for c in CONCEPTS for p in (*c.statements, *c.questions, *c.answers, *c.not_told))
+    fixed += " ".join(a + " " + b for a, b in SMALL_TALK) + " ".join(ANCHOR_REQUESTS)
+    from recipes.answer.mix import held_out_words
+    assert not held_out_words() & _words(fixed)  # no held-out value in any fixed training text either
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert set(stats["train"]["kinds"]) == {"window", "recall", "update", "anchor"}
+    assert set(stats["eval"]["kinds"]) <= {"window", "recall", "update"}
+
+
+def test_held_out_requests_are_never_anchors_nor_near_copies() -> None:
+    assert len(HELDOUT_REQUESTS) >= 60 and len(set(HELDOUT_REQUESTS)) == len(HELDOUT_REQUESTS)
+    assert len(ANCHOR_REQUESTS) >= 250 and len(set(ANCHOR_REQUESTS)) == len(ANCHOR_REQUESTS)
+    assert sum(" my " in r for r in ANCHOR_REQUESTS) >= len(ANCHOR_REQUESTS) // 4  # "Suggest a name for my bakery."
+    assert sum(" my " in r for r in HELDOUT_REQUESTS) >= 15
+    for h in HELDOUT_REQUESTS:
+        hw = _words(h)
+        for a in ANCHOR_REQUESTS:
+            aw = _words(a)
+            assert len(hw & aw) / len(hw | aw) < 0.75, (h, a)
+
+
+def test_anchors_naming_a_held_out_value_are_dropped(tmp_path: Path) -> None:
+    from recipes.answer.mix import clean_anchors
+
+    kept = clean_anchors([*ANCHORS, ("Name a city in Japan.", "Kyoto is lovely in autumn."), ("Pick a colour.", "Go with coral.")])
+    assert kept == ANCHORS  # Kyoto: the probe's; coral: the second held-out set's
+    stats = write(tmp_path, train=10, eval_n=2, seed=0, anchors=[*ANCHORS, ("Name a city in Japan.", "Kyoto is lovely.")])
+    assert stats["anchors"] == 2 and stats["anchors_dropped_for_held_out_values"] == 1
+
+
+def test_invented_claims_are_recognised() -> None:
+    for s in ("You said the bakery is called Bakery Breeze.", "As you mentioned, the meeting is off.",
+              "You told me you're in a team of 5.", "You've already told me that."):
+        assert claims_user_said(s), s
+    for s in ("How about Golden Crust?", "You haven't told me your name.", "Say it slowly: thank you very much."):
+        assert not claims_user_said(s), s
+
+
+# ---- the dialogues -------------------------------------------------------------------------
+
+
+def _check_dialogue(kind: str, msgs: list[dict]) -> tuple[int, int, list[int]]:
+    """Every answer holds the latest value stated (or recalled) for its concept; "not told"
+    only for a concept never stated. Returns (answers, not told, statement-to-question gaps)."""
+    by_question = {q: c for c in TRAIN_CONCEPTS for q in c.questions}
+    stated: dict[str, str] = {}
+    answers = not_told = 0
+    gaps: list[int] = []
+    where: dict[str, int] = {}
+    for i, m in enumerate(msgs):
+        if m["role"] == BLOCK_ROLE:
+            assert m["content"].startswith(HEADER + "\n\n")  # the real formatter's block
+            assert all(x.startswith(("User: ", "Assistant: ")) for x in m["content"].splitlines()[2:])
+            for line in m["content"].splitlines()[2:]:
+                for c in TRAIN_CONCEPTS:
+                    for s in c.statements:
+                        if hit := _pattern(s).fullmatch(line.removeprefix("User: ")):
+                            stated[c.name] = hit.group(1)  # later lines (an update) win
+        if m["role"] != "user":
+            continue
+        for c in TRAIN_CONCEPTS:
+            for s in c.statements:
+                if hit := _pattern(s).fullmatch(m["content"]):
+                    stated[c.name] = hit.group(1)
+                    where[c.name] = size(msgs[:i])
+        c = by_question.get(m["content"])
+        if c is None:
+            continue
+        reply = msgs[i + 1]
+        assert reply["role"] == "assistant" and reply.get("weight", 1) == 1
+        if c.name in stated:
+            assert mentions(reply["content"], stated[c.name]) and not says_not_told(reply["content"]), (msgs, c.name)
+            answers += 1
+            if c.name in where:
+                gaps.append(size(msgs[:i]) - where[c.name])
+        else:
+            assert says_not_told(reply["content"]), reply
+            not_told += 1
+    return answers, not_told, gaps
+
+
+def test_every_reply_matches_what_was_said_or_recalled() -> None:
+    rows = dialogues(500, 3, TRAIN_CONCEPTS, ANCHORS)
+    kinds = Counter(k for k, _ in rows)
+    assert all(kinds[k] > 30 for k in ("window", "recall", "update", "anchor")), kinds
+    total_answers = total_not_told = 0
+    gaps: list[int] = []
+    for kind, msgs in rows:
+        assert size(msgs) <= MAX_TOKENS and msgs[0] == {"role": "system", "content": ""}
+        a, n, g = _check_dialogue(kind, msgs)
+        total_answers, total_not_told = total_answers + a, total_not_told + n
+        gaps += g
+        if kind == "recall":
+            assert any(m["role"] == BLOCK_ROLE for m in msgs)
+    share = total_not_told / (total_answers + total_not_told)
+    assert 0.2 < share < 0.45, share  # about a third never given
+    assert max(gaps) <= 256 and min(gaps) < 40 and sum(g > 150 for g in gaps) > 10  # inside the window, 0-200 tokens back
+
+
+def test_updates_answer_the_later_value() -> None:
+    seen = 0
+    for kind, msgs in dialogues(300, 8, TRAIN_CONCEPTS):
+        if kind != "update":
+            continue
+        values: dict[str, list[str]] = {}
+        texts = [m["content"] for m in msgs if m["role"] in ("user", BLOCK_ROLE)]
+        for t in texts:
+            for line in t.splitlines():
+                for c in TRAIN_CONCEPTS:
+                    for s in c.statements:
+                        if hit := _pattern(s).fullmatch(line.removeprefix("User: ")):
+                            values.setdefault(c.name, []).append(hit.group(1))
+        for name, vs in values.items():
+            vs = list(dict.fromkeys(vs))  # a block per question repeats lines
+            if len(vs) > 1:
+                c = next(x for x in TRAIN_CONCEPTS if x.name == name)
+                replies = [msgs[i + 1]["content"] for i, m in enumerate(msgs) if m["role"] == "user" and m["content"] in c.questions]
+                assert replies and all(mentions(r, vs[-1]) and not mentions(r, vs[0]) for r in replies), (vs, replies)
+                seen += 1
+    assert seen > 10
+
+
+def test_details_come_one_to_four_and_often_of_the_same_kind() -> None:
+    counts, same = Counter(), 0
+    for kind, msgs in dialogues(300, 4, TRAIN_CONCEPTS):
+        if kind != "window":
+            continue
+        said = [c for m in msgs if m["role"] == "user" for c in TRAIN_CONCEPTS if any(_pattern(s).fullmatch(m["content"]) for s in c.statements)]
+        counts[len(said)] += 1
+        same += len({c.kind for c in said}) < len(said)
+    assert set(counts) == {1, 2, 3, 4} and same > 20, counts
+
+
+def test_mix_is_seeded_and_loads_as_training_data(tmp_path: Path) -> None:
+    assert dialogues(20, 1, TRAIN_CONCEPTS, ANCHORS) == dialogues(20, 1, TRAIN_CONCEPTS, ANCHORS)
+    assert dialogues(20, 1, TRAIN_CONCEPTS, ANCHORS) != dialogues(20, 2, TRAIN_CONCEPTS, ANCHORS)
+    from agent.runtime.checkpoint import load_model
+    from agent.train.data import load_documents
+
+    write(tmp_path, train=30, eval_n=5, seed=0, anchors=ANCHORS)
+    lm = load_model("tiny")
+    docs, report = load_documents([str(tmp_path / "train.jsonl")], lm.tokenizer, lm.template, on_bad="error")
+    assert report.chats == 30 and not report.bad
+
+
+# ---- the teacher's replies: batched and resumable -------------------------------------------
+
+
+def test_teacher_replies_are_cleaned() -> None:
+    from recipes.answer.teacher import clean
+
+    assert clean("Heat a pan. Crack the egg in.", True) == "Heat a pan. Crack the egg in."
+    assert clean("Heat a pan and add oil. Crack the egg in and wait for a bit", False) == "Heat a pan and add oil."
+    assert clean("I like the sea very much. I like the sea very much. I like", False) is None  # a greedy loop
+    assert clean("You will need:\n\n- A ruler\n- A pencil\n- A ruler\n- A ruler\n\nThen fold it.", True) is None
+    assert clean("A mix with a twist of a traditional breakfast, then a twist of a traditional breakfast again, "
+                 "and a twist of a traditional breakfast.", True) is None
+
+
+def test_teacher_resumes_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.runtime.checkpoint import load_model, save_model_dir
+    from recipes.answer import teacher
+
+    model_dir = tmp_path / "tiny"
+    save_model_dir(load_model("tiny"), model_dir)
+    monkeypatch.setattr(teacher, "REPLY_TOKENS", 8)
+    out = tmp_path / "replies.jsonl"
+    teacher.main(["-m", str(model_dir), "--out", str(out), "--batch", "2", "--limit", "3"])
+    first = [json.loads(x)["request"] for x in out.read_text().splitlines()]
+    teacher.main(["-m", str(model_dir), "--out", str(out), "--batch", "2", "--limit", "2"])
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["request"] for r in rows] == list(ANCHOR_REQUESTS[:5]) and first == list(ANCHOR_REQUESTS[:3])
+    assert all(set(r) == {"request", "reply"} for r in rows)
+
+
+def test_measure_runs_the_probes_own_conversations_over_the_second_set() -> None:
+    from agent.probes import natural
+    from agent.runtime.checkpoint import load_model
+    from recipes.answer.measure import concept_set
+
+    lm = load_model("tiny")
+    with concept_set("heldout2"):
+        chosen = natural.plan(0, 0, len(HELDOUT2_CONCEPTS))
+        assert {c.name for c in chosen} == {c.name for c in HELDOUT2_CONCEPTS}
+        conv = natural.build_conversation(lm, chosen[0], 0, 0, 0)
+        assert conv.absent.name in {c.name for c in HELDOUT2_CONCEPTS}
+        pool = HELDOUT2_VALUES.get(conv.concept.kind)
+        assert conv.value in pool if pool else re.fullmatch(r"\d{6}", conv.value)
+    assert natural.CONCEPTS is PROBE_CONCEPTS  # put back
