@@ -6,7 +6,7 @@ the embedding included; `runtime/quant.py`), in its own child process
 
 - prefill tok/s of a 512-token prompt (from a fresh state), median of 3 rounds;
 - decode tok/s: 128 greedy steps of the lean `step_` after that prompt, median of 3;
-- peak RSS of the process;
+- peak RSS of the process over load, prefill and decode (before the quality pass);
 - quality against fp32 on held-out text (`heldout.txt`: prose written for this bench,
   in no training set; or --text): perplexity and its change in percent, top-1 agreement
   (the share of positions whose argmax is fp32's, the text read in 512-token segments
