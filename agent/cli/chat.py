@@ -171,7 +171,7 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
     package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
     with timings.phase("imports: torch and the runtime"):
         from agent.cli.models import ensure_model
-        from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, load_model, resolve_model_path
+        from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, card_run_dtype, load_model, resolve_model_path
         from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
         from agent.runtime.quant import QUANT_MODES
 
@@ -181,10 +181,11 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
         model_id = spec if named else str(path.resolve())
         dev = resolve_device(device if device != "auto" else settings.device)
-        # LAPLACE_DTYPE=int8: int8 weight-only matmuls (faster for big models on CPU), read
+        # LAPLACE_DTYPE, else the model card's dtype. int8: int8 weight-only matmuls, read
         # straight from the file into that form.
-        quant = settings.dtype if settings.dtype in QUANT_MODES else None
-        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else settings.dtype), models_dir=settings.models_dir,
+        dtype = settings.dtype if settings.dtype_set else card_run_dtype(spec, settings.models_dir)
+        quant = dtype if dtype in QUANT_MODES else None
+        lm = load_model(spec, device=dev, dtype=parse_dtype("float32" if quant else dtype), models_dir=settings.models_dir,
                         quant=quant, decode_layout=True)
     except ModelLoadError as exc:
         hint = f" (remove {settings.models_dir / DEFAULT_MODEL} to build it again, or use -m demo)" if spec == DEFAULT_MODEL else ""

@@ -61,6 +61,10 @@ HYBRID = HybridOptions(window=256, sinks=4, gla_branch=True, combine="softmax")
 SHIPPED = PACKAGED_MODELS / "smollm2"
 BRANCH_FILE = "gla_branch.safetensors"  # replaces the branch's initial parameters
 DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add" or "lora")
+# The dtype chat and serve run the default model in (unless LAPLACE_DTYPE says otherwise),
+# written into its card: float32, bfloat16 or int8, chosen by `laplace bench dtype -m default`
+# (speed, memory, and perplexity / greedy agreement against float32). The one place to change it.
+RUN_DTYPE = "float32"
 
 
 class DefaultModelError(Exception):
@@ -158,6 +162,7 @@ def card_fields(teacher: Teacher, hybrid: HybridOptions, applied: list[dict[str,
         "teacher_license": teacher.license,
         "teacher_package": teacher.package,
         "teacher_sha256": teacher.sha256,
+        "dtype": RUN_DTYPE,
         "changes": [
             f"every attention layer reads {hybrid.sinks} sink tokens and the last {hybrid.window} tokens (was: all tokens)",
             "a GLA branch per layer carries the tokens older than the window in a fixed state "

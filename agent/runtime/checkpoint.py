@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
+from agent.runtime.layers import fuse_linears_
 from agent.runtime.model import LaplaceModel, build_model
 from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
                                  quantized_fingerprint)
@@ -200,7 +201,9 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     column-major, same values and shape: a batch-1 step's `h @ W.t()` then streams a
     contiguous [d_model, vocab] matrix, which CPU BLAS (MKL here) reads 1.3-2.3x faster
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
-    training and sharding expect contiguous parameters.
+    training and sharding expect contiguous parameters. Also with it: the projections a
+    module names in FUSED (the window mixer's q/k/v, the GLU's gate/up) share one matrix
+    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory.
 
     `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
     an unchanged file need not read it."""
@@ -276,6 +279,14 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
+    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones stay apart)
+        plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
+        for owner_name, module in model.named_modules():
+            if hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED) and mapped is not None:
+                for n in module.FUSED:  # the fused copy is what runs: the file's rows leave the RSS
+                    info = infos.get(f"{owner_name}.{n}.weight")
+                    if info is not None and MappedFile.can_map(info):
+                        mapped.release(info)
     if digest is not None:
         known = digest.hexdigest()
         digests.put(kind, known)
@@ -346,6 +357,24 @@ def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Pat
     if (PACKAGED_MODELS / name_or_path / "config.json").is_file():  # not the trained parts in agent/models/smollm2
         return PACKAGED_MODELS / name_or_path
     return None
+
+
+RUN_DTYPES = ("float32", "bfloat16", "int8")
+
+
+def card_run_dtype(name_or_path: str, models_dir: Path | None = None) -> str:
+    """The dtype a model directory's card says it runs in (its "dtype": chosen by `laplace
+    bench dtype`), float32 when it says none (or for a preset). Reads config.json only."""
+    path = resolve_model_path(name_or_path, models_dir)
+    try:
+        card = json.loads((path / "config.json").read_text()).get("card", {}) if path is not None else {}
+    except (OSError, ValueError, AttributeError):
+        return "float32"  # the load itself reports an unreadable directory
+    dtype = card.get("dtype", "float32") if isinstance(card, dict) else "float32"
+    if dtype not in RUN_DTYPES:
+        raise ModelLoadError(f"{path}/config.json: card dtype {dtype!r} is not one of {', '.join(RUN_DTYPES)}; fix the card "
+                             "or set LAPLACE_DTYPE")
+    return dtype
 
 
 def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, models_dir: Path | None = None, seed: int = 0,

@@ -86,14 +86,19 @@ class CompiledRunner(EagerRunner):
         ids[:n, 0] = tokens
         padded = state.padded_to(w)
         logits, tensors = self._decode(ids, padded.tensors)
-        return logits[:n], RecurrentState(tensors, state.n_tokens, state.meta).first_rows(n)
+        # The graph's per-layer tensors; the count (positions and n_tokens) as the state keeps it.
+        layers = RecurrentState(tensors).first_rows(n).layer_tensors
+        new = state.advanced(layers, 1)
+        new.meta = dict(state.meta)
+        return logits[:n], new
 
     def step_(self, tokens: Tensor, state: RecurrentState) -> Tensor:
-        """`step`, its new state copied into `state` (the compiled graph is functional)."""
+        """`step`, its new layer tensors copied into `state` (the compiled graph is
+        functional), then the state's count advanced."""
         logits, new = self.step(tokens, state)
-        for name, t in new.tensors.items():
+        for name, t in new.layer_tensors.items():
             state.tensors[name].copy_(t)
-        state.n_tokens += 1
+        state.advance_(1)
         return logits
 
     def forward_segment(self, ids: Tensor, state: RecurrentState, lengths: Tensor | None) -> tuple[Tensor, RecurrentState]:

@@ -23,6 +23,7 @@ that left the window. Its state is the ring, the GLA matrices and a position per
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -231,21 +232,20 @@ class LaplaceConfig:
 
     def state_spec(self, batch: int = 1) -> dict[str, tuple[tuple[int, ...], str]]:
         """Every tensor of the recurrent state: name -> (shape, dtype), batch at dim 1, in
-        the order a saved state's layout lists them.
+        the order a saved state's layout lists them: each layer's tensors as the mixer
+        declares them (`mixers.py`), stacked over layers, then pos [1, B] (tokens read so
+        far by each row) if the mixer uses positions.
 
         gla and ssd: gla [L, B, H, K, V] and the conv cache [L, B, conv_dim, conv_size].
-        window: the ring win_k / win_v [L, B, G, S + W, D] (keys un-rotated; slots < S are
-        the sinks), the branch's gla [L, B, H, F, D + 1] (the extra column sums the
-        normaliser) if it is on, and pos [1, B]: tokens read so far by each row."""
-        c, L, B = self, self.n_layers, batch
-        if c.mixer != "window":
-            return {"gla": ((L, B, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
-                    "conv": ((L, B, c.conv_dim, c.conv_size), "float32")}
-        ring = (L, B, c.kv_heads, c.sinks + c.window, c.head_k_dim)
-        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
-        if c.gla_branch:
-            spec["gla"] = ((L, B, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
-        spec["pos"] = ((1, B), "int64")
+        window: the ring win_k / win_v [L, B, G, S + W, D] (keys rotated to their slot's
+        angle; slots < S are the sinks), the branch's gla [L, B, H, F, D + 1] (the extra
+        column sums the normaliser) if it is on, and pos."""
+        # The mixers declare their state and import this module, so their table is looked up
+        # when asked, by name (a registry read at call time: no import cycle at load time).
+        mixer = importlib.import_module("agent.runtime.mixers").MIXERS[self.mixer]
+        spec = {name: ((self.n_layers, *shape), dtype) for name, (shape, dtype) in mixer.state_spec(self, batch).items()}
+        if mixer.uses_positions:
+            spec["pos"] = ((1, batch), "int64")  # state.POSITIONS: the model's, no layer dimension
         return spec
 
     def state_bytes(self, batch: int = 1) -> int:

@@ -55,10 +55,9 @@ class EagerRunner:
 
     def step_(self, tokens: Tensor, state: RecurrentState) -> Tensor:
         """tokens [B] -> logits [B, vocab], folding them into `state` in place (the decode
-        loop's form: no new state per token). n_tokens counts one more, as `step`'s does."""
-        logits = self.model.step_(tokens, state)
-        state.n_tokens += 1
-        return logits
+        loop's form: no new state per token). The model counts the token (n_tokens and
+        positions), as `step`'s does."""
+        return self.model.step_(tokens, state)
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], state: RecurrentState | None = None, progress: ProgressFn | None = None) -> tuple[Tensor, RecurrentState]:
@@ -76,6 +75,7 @@ class EagerRunner:
             if progress is not None:
                 progress(min(start + self.segment_len, len(ids)), len(ids))
         state.n_tokens = n0 + len(ids)
+        state.check_positions()  # the host's count and the model's positions agree
         assert logits is not None
         return logits, state
 

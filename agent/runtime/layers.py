@@ -1,8 +1,8 @@
-"""Layer parts shared by every token mixer: norms, the short conv, the GLU, padding masks
-and the one call into the Simple-GLA kernel.
+"""Layer parts shared by every token mixer: norms, the short conv, the GLU, padding masks,
+rotary positions and the one call into the Simple-GLA kernel.
 
-The mixers (`model.GLAAttention`, `ssd.SSDMixer`) are built from these; none of them
-holds state: caches and GLA states go in and come out explicitly.
+The mixers (`mixers.GLAAttention`, `ssd.SSDMixer`, `window.WindowAttention`) are built
+from these; none of them holds state: caches and GLA states go in and come out explicitly.
 """
 
 from __future__ import annotations
@@ -15,9 +15,36 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.gla import gla_chunked, gla_step, gla_step_
 
 
+StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
+
+
 def f32(t: Tensor) -> Tensor:
     """`t` as fp32, with no dispatch when it already is (a decode step makes many such calls)."""
     return t if t.dtype == torch.float32 else t.float()
+
+
+def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """(cos, sin) [..., dim] of rotary angles at `positions` [...], as Hugging Face Llama
+    builds them: inverse frequencies in fp32, angles and their cos/sin in `dtype`, each
+    half of the channels repeated (the rotate-half layout). A table of these, looked up by
+    position, gives bit for bit what `rope` computes from the positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
+    ang = positions.to(dtype)[..., None] * inv.to(dtype)
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    D = x.shape[-1]
+    return torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate x [..., N, D] to positions [..., N] (broadcast against x's leading dims) in
+    x's dtype: the one RoPE of the runtime (the window mixer, its float64 reference and
+    the softmax baseline). A negative position rotates back: rope(rope(x, p), -p) ~= x."""
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return x * cos + rotate_half(x) * sin
 
 
 class RMSNorm(nn.Module):
@@ -32,7 +59,44 @@ class RMSNorm(nn.Module):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
+    """Store the weights of `owner`'s plain, bias-free Linears `names` as one matrix (rows in
+    that order) and make each Linear's weight a view of its rows: the same values and
+    parameter names, no extra memory, and `project` then runs them as one matmul. For
+    inference (`checkpoint` does it for decode-layout loads); False if they cannot be fused."""
+    mods = [getattr(owner, n, None) for n in names]
+    if not all(type(m) is nn.Linear and m.bias is None for m in mods):
+        return False
+    ws = [m.weight for m in mods]  # type: ignore[union-attr]
+    if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1 or any(w.is_meta for w in ws):
+        return False
+    fused = torch.cat([w.detach() for w in ws])
+    rows, start = [], 0
+    for m, w in zip(mods, ws):
+        m.weight = nn.Parameter(fused[start : start + w.shape[0]], requires_grad=w.requires_grad)  # type: ignore[union-attr]
+        rows.append(w.shape[0])
+        start += w.shape[0]
+    # The views' addresses: a weight later replaced or moved (.to) no longer matches them.
+    ptrs = [m.weight.data_ptr() for m in mods]  # type: ignore[union-attr]
+    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
+    return True
+
+
+def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:
+    """[getattr(owner, n)(x) for n in names], as one matmul when `fuse_linears_` fused them
+    and they are still those Linears with those weights (a LoRA wrapper or a replaced
+    weight falls back to the separate calls)."""
+    entry = owner.__dict__.get("_fused", {}).get(names)
+    if entry is not None:
+        fused, mods, ptrs, rows = entry
+        if all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
+            return list(F.linear(x, fused).split(rows, -1))
+    return [getattr(owner, n)(x) for n in names]
+
+
 class GLU(nn.Module):
+    FUSED = ("w1", "w3")  # gate and up: one matmul when fused for inference
+
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(config.d_model, config.ffn_dim, bias=False)
@@ -40,7 +104,17 @@ class GLU(nn.Module):
         self.w2 = nn.Linear(config.ffn_dim, config.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = project(self, self.FUSED, x)
+        return self.w2(F.silu(gate) * up)
+
+
+@torch.no_grad()
+def init_ffn(ffn: GLU | None, gen: torch.Generator, std: float, out_std: float) -> None:
+    """The block's GLU, drawn before the mixer's own weights (the ssd and window order)."""
+    if ffn is None:
+        return
+    for lin, s in ((ffn.w1, std), (ffn.w3, std), (ffn.w2, out_std)):
+        lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * s)
 
 
 class ShortConv(nn.Module):

@@ -13,18 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.model import GLU, RMSNorm
+from agent.runtime.layers import GLU, RMSNorm, rope
 
 
-def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-    """Rotate pairs of channels of x [B, H, T, D] by position-dependent angles."""
-    d = x.shape[-1]
-    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    ang = positions.float()[:, None] * inv[None, :]  # [T, D/2]
-    cos, sin = ang.cos(), ang.sin()
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return out.to(x.dtype)
+ROPE_THETA = 10000.0  # the runtime's one RoPE (`layers.rope`), at Llama's original base
 
 
 class KVCache:
@@ -55,7 +47,7 @@ class SoftmaxAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         start = cache.length if cache is not None else 0
         pos = torch.arange(start, start + T, device=x.device)
-        q, k = rotary(q, pos), rotary(k, pos)
+        q, k = rope(q, pos, ROPE_THETA), rope(k, pos, ROPE_THETA)
         if cache is None:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

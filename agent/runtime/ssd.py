@@ -21,17 +21,27 @@ importer writes explicitly, so there is one decay formula for the whole family.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import ShortConv, conv_activation, f32, gated_rmsnorm, mask_padding, run_gla, run_gla_step_
+from agent.runtime.layers import GLU, ShortConv, StateSpec, conv_activation, f32, gated_rmsnorm, init_ffn, mask_padding, run_gla, run_gla_step_
 
 
 class SSDMixer(nn.Module):
-    """See the module docstring. State in and out: gla [B, H, K, V], conv [B, conv_dim, W]."""
+    """See the module docstring and `mixers.py` (the interface). State: gla [B, H, K, V],
+    conv [B, conv_dim, W]; no positions."""
+
+    uses_positions: ClassVar[bool] = False
+
+    @staticmethod
+    def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
+        c = config
+        return {"gla": ((batch, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
+                "conv": ((batch, c.conv_dim, c.conv_size), "float32")}
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
@@ -62,14 +72,12 @@ class SSDMixer(nn.Module):
         """g per head at a = 0 (the decay input's resting value): [H]."""
         return self.log_decay(torch.zeros(1, 1, self.config.n_heads, device=self.A_log.device))[0][0, 0]
 
-    def forward(
-        self, u: Tensor, gla_state: Tensor, conv_state: Tensor, lengths: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, u: Tensor, state: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         c = self.config
         Bsz, T, _ = u.shape
         H, G, K, V = c.n_heads, c.qk_heads, c.head_k_dim, c.head_v_dim
         z, xbc, a = self.in_proj(u).split([c.value_dim, c.conv_dim, H], dim=-1)
-        xbc, conv_state = self.conv(xbc, conv_state, lengths)
+        xbc, conv_state = self.conv(xbc, state["conv"], lengths)
         xbc = conv_activation(c, xbc)
         x, b, cq = xbc.split([c.value_dim, c.key_dim, c.key_dim], dim=-1)
         x = x.reshape(Bsz, T, H, V)
@@ -80,7 +88,7 @@ class SSDMixer(nn.Module):
         g = self.decay_tap(g)
         v = x * dt[..., None].to(x.dtype) if c.v_times_dt else x
         k, g = mask_padding(k, g, lengths)
-        o, gla_state = run_gla(c, q, k, v, g, gla_state)
+        o, gla_state = run_gla(c, q, k, v, g, state["gla"])
         if self.D is not None:
             o = o + x * self.D.to(x.dtype)[:, None]
         y = o.reshape(Bsz, T, c.value_dim)
@@ -88,22 +96,22 @@ class SSDMixer(nn.Module):
             y = y * F.silu(z + self.z_bias.to(z.dtype))
         else:
             y = gated_rmsnorm(y, z, self.norm_weight, c.norm_groups, c.norm_eps)
-        return self.out_proj(y), gla_state, conv_state
+        return self.out_proj(y), {"gla": gla_state, "conv": conv_state}
 
-    def step_(self, u: Tensor, gla_state: Tensor, conv_state: Tensor) -> Tensor:
+    def step_(self, u: Tensor, state: dict[str, Tensor], pos: Tensor | None) -> Tensor:
         """One decode token, both states updated in place: u [B, d_model] -> [B, d_model].
         The same math as `forward` at T = 1 (tested against it), in fewer, larger ops."""
         c = self.config
         Bsz = u.shape[0]
         H, G, K, V = c.n_heads, c.qk_heads, c.head_k_dim, c.head_v_dim
         z, xbc, a = self.in_proj(u).split([c.value_dim, c.conv_dim, H], dim=-1)
-        xbc = conv_activation(c, self.conv.step_(xbc, conv_state))
+        xbc = conv_activation(c, self.conv.step_(xbc, state["conv"]))
         x, b, cq = xbc.split([c.value_dim, c.key_dim, c.key_dim], dim=-1)
         g, dt = self.log_decay(a)
         g = self.decay_tap(g[:, None])[:, 0]  # hooks see [B, T, H], as from forward
         x = x.reshape(Bsz, H, V)
         v = x * (dt if x.dtype == torch.float32 else dt.to(x.dtype)).unsqueeze(-1) if c.v_times_dt else x
-        o = run_gla_step_(c, cq.reshape(Bsz, G, K), b.reshape(Bsz, G, K), v, g, gla_state)
+        o = run_gla_step_(c, cq.reshape(Bsz, G, K), b.reshape(Bsz, G, K), v, g, state["gla"])
         o = o if o.dtype == x.dtype else o.to(x.dtype)
         if self.D is not None:
             o = torch.addcmul(o, x, (self.D if x.dtype == self.D.dtype else self.D.to(x.dtype)).unsqueeze(-1))
@@ -115,9 +123,10 @@ class SSDMixer(nn.Module):
         return self.out_proj(y)
 
     @torch.no_grad()
-    def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:
-        """Mamba-2's usual init: dt in [1e-3, 1e-1] log-uniform, A in [1, 16]."""
+    def init_weights(self, gen: torch.Generator, std: float, out_std: float, ffn: GLU | None) -> None:
+        """The block's GLU, then Mamba-2's usual init: dt in [1e-3, 1e-1] log-uniform, A in [1, 16]."""
         c = self.config
+        init_ffn(ffn, gen, std, out_std)
         self.in_proj.weight.copy_(torch.randn(self.in_proj.weight.shape, generator=gen) * std)
         self.out_proj.weight.copy_(torch.randn(self.out_proj.weight.shape, generator=gen) * out_std)
         for lin in (self.in_proj, self.out_proj):

@@ -6,16 +6,21 @@ model's config gives (`LaplaceConfig.state_spec`):
 - gla and ssd mixers: `gla` [L, B, H, K, V], the Simple-GLA matrices, and `conv`
   [L, B, C, W], the depthwise conv cache (the last W inputs to the conv: C = d_model for
   the Laplace mixer, the x/B/C width for a Mamba-2 mixer);
-- the window mixer: the ring buffer `win_k` / `win_v` [L, B, G, S + W, D] of un-rotated
-  keys and values (slots < S hold the sinks), the GLA branch's `gla` [L, B, H, F, D + 1]
-  when it is on, and `pos` [1, B] int64, the tokens each row has read.
+- the window mixer: the ring buffer `win_k` / `win_v` [L, B, G, S + W, D] of keys (each
+  rotated to its slot's angle) and values (slots < S hold the sinks), the GLA branch's
+  `gla` [L, B, H, F, D + 1] when it is on;
+- `pos` [1, B] int64, the tokens each row has read, in a state whose mixers use
+  positions (POSITIONS: the one tensor with no layer dimension). For a batch-1 state it
+  must equal `n_tokens`, the host's count: saving and loading check it.
 
 Float tensors are fp32. Its size does not depend on how many tokens were folded in.
 
 Serialized form: safetensors bytes with string metadata: format version, model fingerprint,
 tokens folded in, layout, dtype, architecture, and a sha256 checksum over the tensor payload
 in layout order. A gla/conv state is written exactly as format version 1 always was (so
-old blobs load and equal states give equal bytes); any other layout is version 2.
+old blobs load and equal states give equal bytes); any other layout is version 3. Version 2
+was the same with the window ring's keys un-rotated: such a state is rotated on load
+(which needs the model's config), so stored sessions keep working.
 `from_bytes` refuses truncated or corrupt bytes and a state written by another model, each
 with its own error class and a message that says how to recover.
 """
@@ -35,8 +40,11 @@ from torch import Tensor
 from agent.runtime.config import LaplaceConfig
 
 STATE_FORMAT = "laplace-state"
-STATE_FORMAT_VERSION = 2
+STATE_FORMAT_VERSION = 3
 LEGACY_FORMAT_VERSION = 1  # the gla/conv layout, written byte for byte as before named tensors
+UNROTATED_FORMAT_VERSION = 2  # named tensors, the window ring's keys stored un-rotated
+READABLE_VERSIONS = (str(LEGACY_FORMAT_VERSION), str(UNROTATED_FORMAT_VERSION), str(STATE_FORMAT_VERSION))
+POSITIONS = "pos"  # the tensor of tokens read per row [1, B]: the model's, not a layer's
 STATE_LAYOUT = "gla[L,B,H,K,V]+conv[L,B,D,W]"  # D: the conv's channels (conv_dim)
 _DTYPES = {"float32": (torch.float32, "F32"), "int64": (torch.int64, "I64")}
 
@@ -87,6 +95,57 @@ class RecurrentState:
     @property
     def names(self) -> list[str]:
         return list(self.tensors)
+
+    @property
+    def layer_tensors(self) -> dict[str, Tensor]:
+        """The per-layer tensors (layer at dim 0): everything but the positions."""
+        return {n: t for n, t in self.tensors.items() if n != POSITIONS}
+
+    @property
+    def positions(self) -> Tensor | None:
+        """[B] int64: tokens each row has read (a view of the state's tensor), or None for a
+        state whose mixers use no positions (then `n_tokens` is the only count)."""
+        t = self.tensors.get(POSITIONS)
+        return None if t is None else t[0]
+
+    def layer_views(self) -> list[dict[str, Tensor]]:
+        """Per layer, a dict of views of the per-layer tensors (for the in-place decode step),
+        made once per set of tensors rather than once per token."""
+        key = tuple(map(id, self.tensors.values()))
+        cached = self.__dict__.get("_views")
+        if cached is None or cached[0] != key:
+            layers = self.layer_tensors
+            n = next(iter(layers.values())).shape[0]
+            cached = (key, [{name: t[i] for name, t in layers.items()} for i in range(n)])
+            self.__dict__["_views"] = cached
+        return cached[1]
+
+    def advanced(self, layers: Mapping[str, Tensor], count: int | Tensor) -> "RecurrentState":
+        """A new state of these per-layer tensors with `count` more tokens read: an int for
+        every row (the host count too), or lengths [B] for padded rows (then the host count
+        is left to the caller, who knows it). The one place a sequence call counts tokens."""
+        tensors = dict(layers)
+        pos = self.tensors.get(POSITIONS)
+        if pos is not None:
+            tensors[POSITIONS] = pos + (count if isinstance(count, int) else count.to(pos.dtype)[None, :])
+        return RecurrentState(tensors, self.n_tokens + (count if isinstance(count, int) else 0))
+
+    def advance_(self, n: int) -> None:
+        """Count `n` more tokens read by every row, in place: the host's n_tokens and the
+        positions tensor (if any) together. The one place a decode step counts tokens."""
+        self.n_tokens += n
+        t = self.tensors.get(POSITIONS)
+        if t is not None:
+            t.add_(n)
+
+    def check_positions(self) -> None:
+        """A batch-1 state's positions tensor must equal n_tokens (they are kept apart, the
+        host's count and the model's, so a caller that forgot one is caught here)."""
+        t = self.tensors.get(POSITIONS)
+        if t is not None and t.shape[1] == 1 and int(t[0, 0]) != self.n_tokens:
+            raise StateCorruptError(
+                f"state says it read {int(t[0, 0])} tokens but its host count is {self.n_tokens}; "
+                "replay the transcript into a fresh state")
 
     @property
     def batch_size(self) -> int:
@@ -170,6 +229,7 @@ class RecurrentState:
     def to_bytes(self, *, fingerprint: str, extra: dict[str, str] | None = None, architecture: str | None = None) -> bytes:
         """Serialize (batch 1 or more) with a checksum over the exact tensor bytes.
         `architecture` (`LaplaceConfig.architecture()`) names what the state's numbers mean."""
+        self.check_positions()
         legacy = set(self.tensors) == {"gla", "conv"}
         layout = STATE_LAYOUT if legacy else "+".join(f"{n}[{','.join(map(str, t.shape))}]" for n, t in self.tensors.items())
         tensors = {}
@@ -222,9 +282,19 @@ class RecurrentState:
                 f"state was written by model {meta.get('fingerprint', '?')[:12]}, not the loaded model {fingerprint[:12]}; "
                 "load the original model, or replay the transcript into a fresh state for this one"
             )
+        unrotated = meta["format_version"] == str(UNROTATED_FORMAT_VERSION) and "win_k" in tensors
+        if unrotated and config is None:
+            raise StateModelMismatchError("this window state predates rotated ring keys and needs its model's config to "
+                                          "load; open it with the model loaded, or replay the transcript")
         state = cls({n: tensors[n].to(device) for n in names}, int(meta.get("n_tokens", "0")), meta)
         if config is not None:
             state.check_shape(config)
+        if unrotated:  # version 2: rotate each ring key to its slot's angle, as version 3 stores it
+            assert config is not None
+            from agent.runtime.window import rotate_ring_keys  # the math lives in the runtime's mixer
+
+            state.tensors["win_k"] = rotate_ring_keys(state.tensors["win_k"], config.rope_theta)
+        state.check_positions()
         return state
 
 
@@ -242,10 +312,10 @@ def read_state_metadata(data: bytes) -> dict[str, str]:
         raise StateCorruptError("state header is not valid; replay the transcript into a fresh state") from None
     if meta.get("format") != STATE_FORMAT:
         raise StateCorruptError("bytes are not a laplace state; replay the transcript into a fresh state")
-    if meta.get("format_version") not in (str(LEGACY_FORMAT_VERSION), str(STATE_FORMAT_VERSION)):
+    if meta.get("format_version") not in READABLE_VERSIONS:
         raise StateCorruptError(
-            f"state format version {meta.get('format_version')} is not supported (expected {LEGACY_FORMAT_VERSION} or "
-            f"{STATE_FORMAT_VERSION}); replay the transcript"
+            f"state format version {meta.get('format_version')} is not supported (expected one of "
+            f"{', '.join(READABLE_VERSIONS)}); replay the transcript"
         )
     return {str(k): str(v) for k, v in meta.items()}
 

@@ -6,19 +6,25 @@ Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
 - Softmax attention of the query at absolute position t over S sink keys (positions < S)
   and the last W keys (positions (t - W, t], those >= S). Up to S + W tokens that is every
   key: the teacher exactly.
-- Positions (StreamingLLM's in-cache positions). Keys are stored un-rotated. A window key
-  at distance d from the query gets RoPE distance d (true); a sink key i is placed right
-  before the window: distance min(t, S + W - 1) - i. The window's angles are taken relative
-  to off = max(0, t0 - W) for a segment starting at t0, so every angle stays below
-  (S + W + T) whatever the session's length: fp32 never sees a huge position.
+- Positions (StreamingLLM's in-cache positions). A window key at distance d from the
+  query gets RoPE distance d (true); a sink key i is placed right before the window:
+  distance min(t, S + W - 1) - i.
 - State: a ring of S + W slots per kv head (`win_k`, `win_v`): key p < S sits in slot p,
-  key p >= S in slot S + (p - S) mod W. Slots that hold no key yet are zero, so a state's
-  bytes depend only on the tokens read, not on how they were split into calls.
+  key p >= S in slot S + (p - S) mod W. Each key is stored ROTATED, once, as it enters:
+  to the angle of its slot s (not of its position), so no angle ever exceeds S + 2W
+  however long the session (fp32 never sees a huge position) and no key is rotated
+  again. A window key p of "epoch" e(p) = (p - S) div W sits at angle p - e(p) W, so the
+  query at t meets it with RoPE distance t - p when rotated to slot(t) (key of t's epoch)
+  or to slot(t) + W (the epoch before: the window spans at most two). Slots that hold no
+  key yet are zero, so a state depends only on the tokens read, not on how they were
+  split into calls. (States of format version 2 held un-rotated keys; `state.py` rotates
+  them on load.)
 - The GLA branch (optional): the key/value at position p >= S enters the branch's state
   when it leaves the window, at step t = p + W, so it is the standard Simple GLA over the
   stream shifted by W:  S_t = exp(g_t) S_(t-1) + phi(k_(t-W)) [v_(t-W), 1]^T,
   o_t = phi(q_t) S_t, whose first W inputs of each call come from the ring. phi is a
-  feature map of the un-rotated q and k (position-free: the decay carries recency); the
+  feature map of the un-rotated q and k (position-free: the decay carries recency; a key
+  leaving the ring is rotated back from its slot's angle); the
   appended ones column makes the last column of o the normaliser z. g_t is a per-head
   data-dependent decay of the current token (logsigmoid(w x + b) / normalizer, biases from
   a half-life schedule), k and v are expanded from the G kv heads to the H query heads.
@@ -28,39 +34,34 @@ Per layer, with H query heads sharing G key/value heads (GQA), head dim D:
       y = softmax_win(s) v + gate * phi(q) S / (phi(q) z + eps), gate per head starting at 0.
   With the branch off (or its gate at 0) the layer is the window-only teacher exactly.
 
-`window_attention` is the fast path (banded blocks over static shapes: S, W and the call's
-T fix every shape; the ring is read in place, never reordered); `hybrid_attention_naive`
-the slow per-query reference from the definition above; `naive_forward` runs a whole
-model through the reference.
+`window_attention` is the fast sequence path (banded blocks over static shapes: S, W and
+the call's T fix every shape; the ring is read in place, never reordered);
+`window_decode.window_step_` the lean decode step (one key rotated and written, the ring read in
+place); `hybrid_attention_naive` the slow per-query reference from the definition above,
+with true positions and un-rotated keys; `naive_forward` runs a whole model through it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import run_gla
+from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
+from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
-GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
 
 
-# ---- rotary positions: Hugging Face Llama's rotate-half form --------------------------
-
-
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate x [..., N, D] to positions [..., N] (broadcast against x's leading dims), as
-    the teacher does: inverse frequencies in fp32, angles and the rotation in x's dtype."""
-    D = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64, device=x.device).float() / D))
-    ang = positions.to(x.dtype)[..., None] * inv.to(x.dtype)
-    emb = torch.cat([ang, ang], dim=-1)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+def rotate_ring_keys(win_k: Tensor, theta: float, sign: int = 1) -> Tensor:
+    """Keys [..., S + W, D] rotated to their slots' angles (sign -1: back to un-rotated):
+    the conversion between format version 2's un-rotated ring and today's."""
+    slots = torch.arange(win_k.shape[-2], device=win_k.device)
+    return rope(win_k, sign * slots, theta)
 
 
 # ---- the fast path ---------------------------------------------------------------------
@@ -72,17 +73,16 @@ def window_attention(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Softmax attention over sinks + window, and the ring update.
 
-    q [B, T, H, D]; k, v [B, T, G, D] un-rotated; win_k, win_v [B, G, S + W, D]; pos [B]
-    int64: tokens each row read before this call; lengths [B]: real tokens per row (the
-    rest is padding and writes nothing), or None.
+    q [B, T, H, D]; k, v [B, T, G, D] un-rotated; win_k (keys rotated to their slots),
+    win_v [B, G, S + W, D]; pos [B] int64: tokens each row read before this call; lengths
+    [B]: real tokens per row (the rest is padding and writes nothing), or None.
 
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
-    relative to each query's max score; new win_k, new win_v; evicted ev_k, ev_v
-    [B, T, G, D]: the key/value that leaves the window at each step, and ev_ok [B, T]:
+    relative to each query's max score; new win_k, new win_v; evicted ev_k (un-rotated),
+    ev_v [B, T, G, D]: the key/value that leaves the window at each step, and ev_ok [B, T]:
     whether there is one (its position is >= S and the step is real)).
 
-    The ring is read where it lies: ring slot s holds position t0 - W + ((s - t0 + S) mod W),
-    so no step reorders it (a decode step gathers one evicted slot and scatters one key)."""
+    The ring is read where it lies: ring slot s holds position t0 - W + ((s - t0 + S) mod W)."""
     B, T, H, D = q.shape
     G = k.shape[2]
     R, S, W = H // G, sinks, window
@@ -92,44 +92,52 @@ def window_attention(
     kn, vn = k.transpose(1, 2), v.transpose(1, 2)  # [B, G, T, D]
     it = torch.arange(T, device=dev)
     new_pos = t0[:, None] + it[None, :]  # [B, T]
+    new_slot = ring_slot(new_pos, S, W)
+    kr = rope(kn, new_slot[:, None, :], theta)  # each new key rotated once, to its slot's angle
     # The state after the call: token i (real) goes to sink slot p < S, or to ring slot
     # S + (p - S) mod W if it is among the row's last W real tokens; anything else to a spare
     # slot that is cut off. Distinct tokens never share a kept slot.
     real = it[None, :] < n[:, None]
     to_ring = real & (new_pos >= S) & (it[None, :] >= n[:, None] - W)
-    slot = torch.where(new_pos < S, new_pos, S + torch.remainder(new_pos - S, W))
-    slot = torch.where(real & ((new_pos < S) | to_ring), slot, S + W)[:, None, :, None].expand(B, G, T, D)
+    slot = torch.where(real & ((new_pos < S) | to_ring), new_slot, S + W)[:, None, :, None].expand(B, G, T, D)
     spare = win_k.new_zeros(B, G, 1, D)
-    out_k = torch.cat([win_k, spare], 2).scatter_(2, slot, kn)[:, :, : S + W]
+    out_k = torch.cat([win_k, spare], 2).scatter_(2, slot, kr)[:, :, : S + W]
     out_v = torch.cat([win_v, spare], 2).scatter_(2, slot, vn)[:, :, : S + W]
-    # Rotations: window angles relative to off; sinks at their own positions, the query for
-    # them at min(t, S + W - 1). The sinks attended are the updated ones; the ring the old one.
+    # Queries: for the sinks at min(t, S + W - 1); for window keys of t's epoch at slot(t),
+    # for those of the epoch before at slot(t) + W (see the module docstring).
     js = torch.arange(S, device=dev)
     jw = torch.arange(W, device=dev)
     ring_pos = t0[:, None] - W + torch.remainder(jw[None, :] - t0[:, None] + S, W)  # [B, W], all < t0
-    off = (t0 - W).clamp(min=0)
-    ring_rot = rope(win_k[:, :, S:], (ring_pos - off[:, None])[:, None, :], theta)
-    new_rot = rope(kn, (new_pos - off[:, None])[:, None, :], theta)
-    sink_rot = rope(out_k[:, :, :S], js[None, None, :], theta)
+    epoch = torch.div(new_pos - S, W, rounding_mode="floor")  # [B, T] (meaningless below S: masked)
+    ring_epoch = torch.div(ring_pos - S, W, rounding_mode="floor")
     qh = q.transpose(1, 2).reshape(B, G, R, T, D) * D**-0.5
-    q_win = rope(qh, (new_pos - off[:, None])[:, None, None, :], theta)
+    q_lo = rope(qh, new_slot[:, None, None, :], theta)
+    q_hi = rope(qh, (new_slot + W)[:, None, None, :], theta)
     q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
+
+    def window_scores(i0: int, i1: int, keys: Tensor, same: Tensor) -> Tensor:
+        """Scores of queries i0:i1 against rotated window keys [B, G, N, D]; same [B, c, N]."""
+        kt = keys[:, :, None].transpose(-1, -2)
+        return torch.where(same[:, None, None], q_lo[..., i0:i1, :] @ kt, q_hi[..., i0:i1, :] @ kt)
+
     nums, dens = [], []
     for i0 in range(0, T, block):  # static shapes: a compiler unrolls this
         i1 = min(i0 + block, T)
         i = it[i0:i1, None]
         tq = new_pos[:, i0:i1, None]  # [B, c, 1]
+        eq = epoch[:, i0:i1, None]
         parts = []  # (scores, values) of each key set
         if S:
             ok = js[None, None, :] <= tq  # [B, c, S]
-            parts.append((q_sink[..., i0:i1, :] @ sink_rot[:, :, None].transpose(-1, -2), ok, out_v[:, :, None, :S]))
+            parts.append((q_sink[..., i0:i1, :] @ out_k[:, :, None, :S].transpose(-1, -2), ok, out_v[:, :, None, :S]))
         if i0 < W:  # a query i < W still sees part of the ring
             ok = (ring_pos[:, None, :] > tq - W) & (ring_pos[:, None, :] >= S)  # [B, c, W]
-            parts.append((q_win[..., i0:i1, :] @ ring_rot[:, :, None].transpose(-1, -2), ok, win_v[:, :, None, S:]))
+            parts.append((window_scores(i0, i1, win_k[:, :, S:], ring_epoch[:, None, :] == eq), ok, win_v[:, :, None, S:]))
         j0 = max(0, i0 - W + 1)  # the call's keys j any query of the block sees: i - W < j <= i
         j = it[None, j0:i1]
         ok = (j <= i) & (j > i - W) & (new_pos[:, None, j0:i1] >= S)  # [B, c, i1 - j0]
-        parts.append((q_win[..., i0:i1, :] @ new_rot[:, :, None, j0:i1].transpose(-1, -2), ok, vn[:, :, None, j0:i1]))
+        same = epoch[:, None, j0:i1] == eq
+        parts.append((window_scores(i0, i1, kr[:, :, j0:i1], same), ok, vn[:, :, None, j0:i1]))
         scores = [s.masked_fill(~ok[:, None, None], float("-inf")) for s, ok, _ in parts]
         # Every query sees at least one key (itself, or sink 0 while t < S): m is finite.
         m = torch.stack([s.amax(-1) for s in scores]).amax(0)[..., None]
@@ -138,10 +146,13 @@ def window_attention(
         dens.append(sum(p.sum(-1) for p in probs))
     num = torch.cat(nums, dim=3).reshape(B, H, T, D).transpose(1, 2)
     den = torch.cat(dens, dim=3).reshape(B, H, T).transpose(1, 2)
-    # Step i evicts position t0 - W + i: an old ring entry for i < W, the call's token i - W after.
+    # Step i evicts position t0 - W + i: an old ring entry for i < W (rotated back from its
+    # slot's angle), the call's token i - W after.
     e = min(T, W)
-    ev_slot = (S + torch.remainder(t0[:, None] + it[None, :e] - S, W))[:, None, :, None].expand(B, G, e, D)
-    ev_k = torch.cat([win_k.gather(2, ev_slot), kn[:, :, : T - e]], 2).transpose(1, 2)
+    ev_at = S + torch.remainder(t0[:, None] + it[None, :e] - S, W)  # [B, e]
+    ev_slot = ev_at[:, None, :, None].expand(B, G, e, D)
+    ring_ev = rope(win_k.gather(2, ev_slot), -ev_at[:, None, :], theta)
+    ev_k = torch.cat([ring_ev, kn[:, :, : T - e]], 2).transpose(1, 2)
     ev_v = torch.cat([win_v.gather(2, ev_slot), vn[:, :, : T - e]], 2).transpose(1, 2)
     ev_ok = (new_pos - W >= S) & real
     return num, den, out_k, out_v, ev_k, ev_v, ev_ok
@@ -268,8 +279,21 @@ class GLABranch(nn.Module):
 
 
 class WindowAttention(nn.Module):
-    """The teacher's q, k, v, o around `window_attention`, plus the optional GLA branch.
-    State in and out: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1], pos [B]."""
+    """The teacher's q, k, v, o around `window_attention`, plus the optional GLA branch; the
+    interface of `mixers.py`. State: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1]
+    with the branch; it reads positions."""
+
+    uses_positions: ClassVar[bool] = True
+    FUSED = ("q_proj", "k_proj", "v_proj")  # one matmul when fused for inference (`layers.fuse_linears_`)
+
+    @staticmethod
+    def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
+        c = config
+        ring = (batch, c.kv_heads, c.sinks + c.window, c.head_k_dim)
+        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
+        if c.gla_branch:
+            spec["gla"] = ((batch, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
+        return spec
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
@@ -286,9 +310,10 @@ class WindowAttention(nn.Module):
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c = self.config
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, c.n_heads, c.head_k_dim).float()
-        k = self.k_proj(x).view(B, T, c.kv_heads, c.head_k_dim).float()
-        v = self.v_proj(x).view(B, T, c.kv_heads, c.head_v_dim).float()
+        q, k, v = project(self, self.FUSED, x)
+        q = q.reshape(B, T, c.n_heads, c.head_k_dim).float()
+        k = k.reshape(B, T, c.kv_heads, c.head_k_dim).float()
+        v = v.reshape(B, T, c.kv_heads, c.head_v_dim).float()
         return q, k, v
 
     def resting_log_decay(self) -> Tensor:
@@ -297,7 +322,8 @@ class WindowAttention(nn.Module):
             return self.q_proj.weight.new_zeros(0)
         return F.logsigmoid(self.gla_branch.decay_bias.detach().float()) / self.config.gate_normalizer
 
-    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, layer: dict[str, Tensor], lengths: Tensor | None, pos: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        assert pos is not None, "the window mixer reads positions: its model's state carries them"
         c = self.config
         B, T, _ = x.shape
         q, k, v = self._qkv(x)
@@ -310,6 +336,11 @@ class WindowAttention(nn.Module):
         else:
             y, out["gla"] = self.branch(x, q, num, den, ev_k, ev_v, ev_ok, lengths, layer["gla"])
         return self.o_proj(y.reshape(B, T, c.value_dim).to(x.dtype)), out
+
+    def step_(self, x: Tensor, state: dict[str, Tensor], pos: Tensor | None) -> Tensor:
+        """One decode token, the ring (and branch) written in place: `window_decode.window_step_`."""
+        assert pos is not None, "the window mixer reads positions: its model's state carries them"
+        return window_step_(self, x, state, pos)
 
     def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
                lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
@@ -344,7 +375,8 @@ class WindowAttention(nn.Module):
         return self.o_proj(y.reshape(*x.shape[:2], c.value_dim).to(x.dtype))
 
     @torch.no_grad()
-    def init_weights(self, gen: torch.Generator, std: float, out_std: float) -> None:
+    def init_weights(self, gen: torch.Generator, std: float, out_std: float, ffn: GLU | None) -> None:
+        init_ffn(ffn, gen, std, out_std)
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * std)
         self.o_proj.weight.copy_(torch.randn(self.o_proj.weight.shape, generator=gen) * out_std)

@@ -126,3 +126,20 @@ def test_laplace_info_and_the_optimizer_split_count_the_same_muon_parameters() -
 
     cfg = get_preset("tiny")
     assert count_on_meta(cfg)[1] == split_parameters(build_model(cfg, device="meta")).muon_numel
+
+
+def test_block_and_model_never_ask_which_mixer_they_hold():
+    """One mixer interface (mixers.py): model.py names no mixer class, dispatches on no
+    type and special-cases no state tensor by name; every mixer declares its state."""
+    import inspect
+
+    from agent.runtime import model as model_module
+    from agent.runtime.config import PRESETS
+    from agent.runtime.mixers import MIXERS
+
+    src = inspect.getsource(model_module)
+    assert "isinstance" not in src and '"pos"' not in src
+    assert not any(cls.__name__ in src for cls in MIXERS.values())
+    for cls in MIXERS.values():
+        assert callable(cls.step_) and callable(cls.state_spec) and isinstance(cls.uses_positions, bool)
+    assert set(PRESETS["tiny"].state_spec()) == {"gla", "conv"}  # a position-free mixer's state has no positions

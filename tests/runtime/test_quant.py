@@ -36,3 +36,27 @@ def test_unknown_mode_and_bf16_are_refused() -> None:
         quantize_loaded(load_model("tiny"), "int4")
     with pytest.raises(ValueError, match="fp32 models on the CPU"):
         quantize_loaded(load_model("tiny", dtype=torch.bfloat16), "int8")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_the_window_models_lean_step_equals_its_forward_in_int8_and_bf16(dtype: str) -> None:
+    """The default model's mixer in the other dtypes `laplace bench dtype` compares: every
+    matmul int8 (the tied head and the embedding too) or bf16 weights; step_ == forward."""
+    from tests.runtime.test_window import window_model
+
+    model = window_model(combine="softmax")
+    if dtype == "int8":
+        model = quantize_int8_(model)
+        assert type(model.embed).__name__ == "Int8Embedding" and model.lm_head is not None  # the tied head is int8 too
+    else:
+        model = model.to(torch.bfloat16)
+    tol = 1e-5 if dtype == "int8" else 2e-2
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        _, ref = model(torch.randint(0, 64, (1, 12), generator=gen))
+        lean = ref.clone()
+        for _ in range(10):
+            tok = torch.randint(0, 64, (1,), generator=gen)
+            want, ref = model(tok[:, None], ref)
+            torch.testing.assert_close(model.step_(tok, lean).float(), want[:, 0].float(), rtol=tol, atol=tol)
+    assert lean.allclose(ref, rtol=tol, atol=tol)

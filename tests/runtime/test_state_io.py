@@ -151,7 +151,7 @@ def test_window_state_round_trips_with_its_positions():
     _, state = model(torch.randint(0, 64, (2, 20)))
     blob = state.to_bytes(fingerprint="fp", architecture=model.config.architecture())
     meta = read_state_metadata(blob)
-    assert meta["format_version"] == "2" and meta["layout"].startswith("win_k[2,2,2,10,8]+win_v[2,2,2,10,8]+gla[")
+    assert meta["format_version"] == "3" and meta["layout"].startswith("win_k[2,2,2,10,8]+win_v[2,2,2,10,8]+gla[")
     back = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
     assert back.names == state.names and back.pos.dtype == torch.int64 and back.pos.tolist() == [[20, 20]]
     assert all(torch.equal(back.tensors[n], state.tensors[n]) for n in state.names)
@@ -164,3 +164,43 @@ def test_window_state_round_trips_with_its_positions():
     bad[-3] ^= 0x01  # inside pos, the last tensor written
     with pytest.raises(StateCorruptError, match="checksum"):
         RecurrentState.from_bytes(bytes(bad))
+
+
+V2_WINDOW_BLOB = Path(__file__).parent / "data" / "state_v2_window.laplace-state"
+
+
+def test_a_version_2_window_state_with_unrotated_keys_loads_rotated():
+    """tests/runtime/data/state_v2_window.laplace-state was written by the code that kept
+    the ring's keys un-rotated (window_model(combine="softmax") after 23 tokens, seed 12):
+    it loads as the state today's code computes for those tokens (keys rotated to their
+    slots), and decoding on from it gives the logits of decoding on from a fresh prefill."""
+    from tests.runtime.test_window import window_model
+
+    model = window_model(combine="softmax")
+    blob = V2_WINDOW_BLOB.read_bytes()
+    assert read_state_metadata(blob)["format_version"] == "2"
+    ids = torch.randint(0, 64, (1, 23), generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        _, fresh = model(ids)
+        old = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
+        assert old.names == fresh.names and old.n_tokens == 23
+        assert old.max_abs_diff(fresh) < 1e-5
+        raw = RecurrentState.from_bytes(blob.replace(b'"format_version":"2"', b'"format_version":"3"'))
+        assert raw.max_abs_diff(fresh) > 1e-2  # the conversion is not vacuous: un-rotated keys differ
+        want = model(torch.tensor([[3, 4]]), fresh)[0]
+        got = model(torch.tensor([[3, 4]]), old)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(StateModelMismatchError, match="needs its model's config"):
+        RecurrentState.from_bytes(blob)
+
+
+def test_the_host_count_and_the_positions_must_agree():
+    from tests.runtime.test_window import window_model
+
+    model = window_model()
+    with torch.no_grad():
+        _, state = model(torch.randint(0, 64, (1, 9)))
+    assert state.n_tokens == int(state.pos) == 9
+    state.n_tokens = 8  # a caller that counted one token too few
+    with pytest.raises(StateCorruptError, match="read 9 tokens but its host count is 8"):
+        state.to_bytes(fingerprint="fp")

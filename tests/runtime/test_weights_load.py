@@ -87,3 +87,41 @@ def test_decode_layout_stores_the_tied_head_column_major_with_the_same_values(mo
     ids = torch.randint(0, 264, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         torch.testing.assert_close(decode.model(ids)[0], plain.model(ids)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_layout_fuses_qkv_and_gate_up_into_one_matrix_each(tmp_path):
+    """The window mixer's q/k/v and each GLU's gate/up become views of one matrix (same
+    values, names and fingerprint; no second copy), a step runs each group as one matmul
+    with the same logits, and a LoRA-style wrapper or a replaced weight falls back."""
+    from tests.runtime.test_window import window_model
+
+    from agent.runtime.layers import project
+
+    src = window_model(combine="softmax", vocab_size=264)  # the byte-level tokenizer's vocabulary
+    d = save_model_dir(LoadedModel(src, byte_level_tokenizer(), ChatTemplate(), name="w"), tmp_path / "w", card={"name": "w"})
+    plain, decode = load_model_dir(d), load_model_dir(d, decode_layout=True)
+    assert decode.fingerprint == plain.fingerprint
+    attn, ffn = decode.model.blocks[0].attn, decode.model.blocks[0].ffn
+    fused = attn.__dict__["_fused"][attn.FUSED][0]
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr() and attn.v_proj.weight.untyped_storage().data_ptr() == fused.data_ptr()
+    assert ffn.w3.weight.untyped_storage().data_ptr() == ffn.__dict__["_fused"][ffn.FUSED][0].data_ptr()
+    assert set(decode.model.state_dict()) == set(plain.model.state_dict())
+    ids = torch.randint(0, 264, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want, s_plain = plain.model(ids)
+        got, s_dec = decode.model(ids)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        tok = torch.tensor([3])
+        torch.testing.assert_close(decode.model.step_(tok, s_dec), plain.model.step_(tok, s_plain), rtol=1e-5, atol=1e-5)
+    calls = []
+    real = torch.nn.functional.linear
+    x = torch.randn(1, src.config.d_model)
+    try:
+        torch.nn.functional.linear = lambda *a, **k: calls.append(1) or real(*a, **k)  # type: ignore[assignment]
+        project(attn, attn.FUSED, x)
+        assert len(calls) == 1  # one matmul for three projections
+        attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.detach().clone() * 0)  # replaced: no longer the view
+        q, k, v = project(attn, attn.FUSED, x)
+        assert len(calls) == 4 and torch.equal(k, torch.zeros_like(k))
+    finally:
+        torch.nn.functional.linear = real  # type: ignore[assignment]

@@ -236,3 +236,62 @@ def test_config_round_trips_and_names_its_architecture():
         window_config(n_kv_heads=3)
     with pytest.raises(ValueError, match="combine"):
         window_config(combine="sum")
+
+
+# ---- the lean decode step (window_decode.py) against forward ----------------------------
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_lean_step_equals_forward_token_by_token(kw):
+    """From an empty state through the sinks, the first window, its wrap and a second epoch
+    (3 W + S tokens), two rows at different positions: step_ (in place) == forward at T = 1,
+    in the logits and in every state tensor."""
+    model = window_model(**kw)
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        _, a = model(torch.randint(0, 64, (1, 4), generator=gen))
+        both = RecurrentState.stack([a, model.new_state(1)])  # rows at positions 4 and 0
+        ref, lean = both, both.clone()
+        for _ in range(3 * model.config.window + model.config.sinks):
+            tok = torch.randint(0, 64, (2,), generator=gen)
+            want, ref = model(tok[:, None], ref)
+            got = model.step_(tok, lean)
+            torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+    assert lean.names == ref.names and lean.pos.tolist() == ref.pos.tolist()
+    assert lean.allclose(ref, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_step_far_into_a_session_equals_near():
+    """Positions 10^6 windows on (same ring slots): the step's tables and angles only see
+    the slot, so a far state decodes exactly as the near one, and as forward does."""
+    model = window_model(combine="gated")
+    with torch.no_grad():
+        _, near = model(torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(14)))
+        far = near.clone()
+        far.tensors["pos"] = far.pos + 10**6 * model.config.window
+        far.n_tokens = int(far.pos)
+        ref = far.clone()
+        for t in (5, 6, 7):
+            tok = torch.tensor([t])
+            assert torch.equal(model.step_(tok, far), model.step_(tok, near))
+            want, ref = model(tok[:, None], ref)
+        torch.testing.assert_close(model.step_(torch.tensor([8]), far), model(torch.tensor([[8]]), ref)[0][:, 0], rtol=1e-5, atol=1e-5)
+    assert int(far.pos) == far.n_tokens == 30 + 4 + 10**6 * 7
+
+
+def test_ring_keys_are_rotated_once_to_their_slot():
+    """The ring stores rope(k, slot): rotating it back gives the un-rotated keys the
+    reference reads (here: the last W keys of a sequence past the first wrap)."""
+    from agent.runtime.window import rotate_ring_keys
+
+    model = window_model(gla_branch=False)
+    cfg = model.config
+    ids = torch.randint(0, 64, (1, 25), generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        _, state = model(ids)
+        h = model.blocks[0].attn_norm(model.embed(ids))
+        k = model.blocks[0].attn.k_proj(h).view(1, 25, cfg.kv_heads, cfg.head_k_dim)
+    raw = rotate_ring_keys(state.win_k[0], cfg.rope_theta, sign=-1)  # [1, G, S + W, D]
+    for p in list(range(cfg.sinks)) + list(range(25 - cfg.window, 25)):
+        slot = p if p < cfg.sinks else cfg.sinks + (p - cfg.sinks) % cfg.window
+        torch.testing.assert_close(raw[0, :, slot], k[0, p], rtol=1e-5, atol=1e-5)

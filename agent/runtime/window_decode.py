@@ -1,0 +1,170 @@
+"""The window mixer's lean decode step: one token, the layer's state written in place.
+
+The ring's layout (`ring_slot`) lives here, beside the step; `window.py` holds the rest of
+the math. The same math as `window.WindowAttention.forward` at T = 1 (tested against it token by
+token), in the fewest ops a step can take:
+
+- the new key is rotated once, to its ring slot's angle, and written into its slot (one
+  copy; the ring is never reordered or copied, and no stored key is rotated again);
+- the query is rotated to the three angles a step needs (sinks: min(t, S + W - 1); window
+  keys of t's epoch: slot(t); of the epoch before: slot(t) + W) and scored against the
+  whole ring in one matmul; a gather picks each slot's angle and an additive mask hides
+  the slots that hold no key in the window;
+- the GLA branch (if on) takes the key leaving the ring (the slot's old content, rotated
+  back) and steps the Simple-GLA state in place (`gla.gla_step_`'s update, written here
+  with the appended ones column as a separate add rather than a concatenated value).
+
+Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
+choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
+"canonical" positions: past S + W a step at t behaves as at t - W, so the tables cover
+every session length. A table row equals what `layers.rope` computes (same formula).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agent.runtime.layers import f32, project, rope_cos_sin
+
+
+GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
+
+
+def ring_slot(p: Tensor, sinks: int, window: int) -> Tensor:
+    """The ring slot of position p (int64, any shape): p for a sink, else S + (p - S) mod W.
+    It is also the angle the key at p is stored rotated to."""
+    return torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, window))
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """cos3, sin3 [N, 3, D]: the three angles (sinks, lo, hi) of canonical position c (sin
+    signed for the roll form of rotate-half); row [N, S + W] int64: which of the three each
+    slot is scored with; bias [N, S + W]: 0 or -inf (no key in the window there)."""
+
+    cos3: Tensor
+    sin3: Tensor
+    row: Tensor
+    bias: Tensor
+
+
+_TABLES: dict[tuple, StepTables] = {}
+
+
+def canonical(t: int, sinks: int, window: int) -> int:
+    """The table row of position t: t itself below S + W, else S + W + (t - S) mod W."""
+    return t if t < sinks + window else sinks + window + (t - sinks) % window
+
+
+def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.device) -> StepTables:
+    key = (sinks, window, dim, theta, str(device))
+    if key not in _TABLES:
+        S, W = sinks, window
+        t = torch.arange(S + 2 * W, device=device)[:, None]  # canonical row c stands for t = c
+        slot_t = ring_slot(t, S, W)
+        angles = torch.cat([t.clamp(max=S + W - 1), slot_t, slot_t + W], 1)  # [N, 3]
+        cos, sin = rope_cos_sin(angles, dim, theta)
+        sign = torch.cat([-torch.ones(dim // 2, device=device), torch.ones(dim // 2, device=device)])
+        s = torch.arange(S + W, device=device)[None, :]
+        sink = s < S
+        p = torch.where(s <= slot_t, t - (slot_t - s), t - (slot_t - s) - W)  # the position in slot s after t's write
+        valid = torch.where(sink, s <= t, p >= S)
+        row = torch.where(sink, 0, torch.where(s <= slot_t, 1, 2))
+        bias = torch.zeros(valid.shape, device=device).masked_fill(~valid, float("-inf"))
+        _TABLES[key] = StepTables(cos, sin * sign, row, bias)
+    return _TABLES[key]
+
+
+def _rows(table: Tensor, cs: list[int]) -> Tensor:
+    """table[cs] with a leading batch dim: a view for one row, a gather for several."""
+    if len(cs) == 1:
+        return table[cs[0] : cs[0] + 1]
+    return table.index_select(0, torch.tensor(cs, device=table.device))
+
+
+def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) -> Tensor:
+    """One token through `attn` (a `window.WindowAttention`; not imported: it imports this): x [B, d_model] -> [B, d_model], with
+    state["win_k"], ["win_v"] [B, G, S + W, D] (and ["gla"] with the branch) written in place."""
+    c = attn.config
+    B = x.shape[0]
+    H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
+    R, half = H // G, D // 2
+    tabs = step_tables(S, W, D, c.rope_theta, x.device)
+    ts = pos.tolist()
+    cs = [canonical(t, S, W) for t in ts]
+    slots = [t if t < S else S + (t - S) % W for t in ts]
+    cos3, sin3 = _rows(tabs.cos3, cs), _rows(tabs.sin3, cs)  # [B, 3, D]
+    q, k, v = project(attn, attn.FUSED, x)
+    q, k, v = f32(q).reshape(B, G, R, D), f32(k).reshape(B, G, D), f32(v).reshape(B, G, D)
+    win_k, win_v = state["win_k"], state["win_v"]
+    cos_k, sin_k = cos3[:, None, 1], sin3[:, None, 1]  # [B, 1, D]: the key's angle is its slot
+    br = attn.gla_branch
+    if br is not None:  # the key/value leaving the window: the slot's old content, read before the write
+        if B == 1:
+            old_k, ev_v = win_k[:, :, slots[0]], win_v[:, :, slots[0]].clone()
+        else:
+            at = torch.tensor(slots, device=x.device).view(B, 1, 1, 1).expand(B, G, 1, D)
+            old_k, ev_v = win_k.gather(2, at)[:, :, 0], win_v.gather(2, at)[:, :, 0]
+        ev_k = old_k * cos_k - old_k.roll(half, -1) * sin_k  # rotated back from the slot's angle
+    kr = torch.addcmul(k * cos_k, k.roll(half, -1), sin_k)
+    if B == 1:
+        win_k[:, :, slots[0]] = kr
+        win_v[:, :, slots[0]] = v
+    else:
+        at = torch.tensor(slots, device=x.device).view(B, 1, 1, 1).expand(B, G, 1, D)
+        win_k.scatter_(2, at, kr[:, :, None])
+        win_v.scatter_(2, at, v[:, :, None])
+    # The query at its three angles, scored against every slot in one matmul.
+    qs = q * D**-0.5
+    qr = torch.addcmul(qs[:, :, None] * cos3[:, None, :, None], qs.roll(half, -1)[:, :, None], sin3[:, None, :, None])
+    scores = (qr.view(B, G, 3 * R, D) @ win_k.transpose(-1, -2)).view(B, G, 3, R, S + W)
+    row = _rows(tabs.row, cs).view(B, 1, 1, 1, S + W).expand(B, G, 1, R, S + W)
+    scores = scores.gather(2, row)[:, :, 0] + _rows(tabs.bias, cs).view(B, 1, 1, S + W)  # [B, G, R, S + W]
+    if br is None:
+        y = torch.softmax(scores, -1) @ win_v  # [B, G, R, D]
+        return attn.o_proj(y.view(B, H * D).to(x.dtype))
+    m = scores.amax(-1, keepdim=True)
+    p = (scores - m).exp_()
+    num = p @ win_v  # [B, G, R, D]
+    den = p.sum(-1)  # [B, G, R]
+    # The branch: phi of the un-rotated q, and of the key leaving the window for each of its
+    # R query heads (no repeat: the kv head broadcasts against the R heads' maps).
+    F_ = c.feature_size
+    phi_q = _phi(q, br.q_map, c.feature_map)  # [B, G, R, 1, F]
+    phi_k = _phi(ev_k[:, :, None].expand(B, G, R, D), br.k_map, c.feature_map)
+    ok = [ci >= S + W for ci in cs]  # a key leaves the window only once t - W >= S
+    if not all(ok):
+        phi_k = phi_k * torch.tensor(ok, dtype=phi_k.dtype, device=x.device).view(B, 1, 1, 1, 1)
+    g = torch.nn.functional.logsigmoid(torch.nn.functional.linear(f32(x), f32(br.decay_weight), f32(br.decay_bias)))
+    g = attn.decay_tap((g / c.gate_normalizer).view(B, 1, H))  # hooks see [B, T, H], as from forward
+    # S <- exp(g) S + phi_k [v, 1]^T, written in place; o = scale phi_q S.
+    gla = state["gla"].view(B, G, R, F_, D + 1)
+    gla.mul_(g.exp().view(B, G, R, 1, 1))
+    gla[..., :D].addcmul_(phi_k.view(B, G, R, F_, 1), ev_v.view(B, G, 1, 1, D))
+    gla[..., D].add_(phi_k.view(B, G, R, F_))
+    o = phi_q @ gla  # [B, G, R, 1, D + 1]
+    scale = F_**-0.5 if c.qk_scale else 1.0  # the GLA kernel's scale, as `run_gla` applies it
+    gnum, gden = o[..., 0, :D], o[..., 0, D]
+    mix = f32(br.mix)
+    if c.combine == "softmax":
+        beta = (mix.exp() * scale).view(G, R, 1)
+        y = torch.addcmul(num, beta, gnum) / torch.addcmul(den, beta[..., 0], gden).unsqueeze(-1)
+    else:
+        y = torch.addcmul(num / den.unsqueeze(-1), mix.view(G, R, 1), gnum * scale / (gden * scale + GATED_EPS).unsqueeze(-1))
+    return attn.o_proj(y.reshape(B, H * D).to(x.dtype))
+
+
+def _phi(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
+    """`window.feature_map` in the step's layout: x [B, G, R, D] -> [B, G, R, 1, F]
+    (hedgehog: softmax(x W_h) ++ softmax(-x W_h); elu: elu(x) + 1)."""
+    x = x.unsqueeze(-2)
+    if kind == "elu":
+        return torch.nn.functional.elu(x) + 1.0
+    assert weight is not None
+    G, R = x.shape[1], x.shape[2]
+    z = x @ f32(weight).view(G, R, weight.shape[1], weight.shape[2])
+    return torch.stack([z, z.neg()], -2).softmax(-1).flatten(-2)
