@@ -13,14 +13,19 @@ from agent.probes.tasks import PromptBuilder, build_sample, candidates
 
 
 class Leaning(nn.Module):
-    """A model whose logits lean towards `favoured` tokens by `bonus` nats: a stand-in for a
-    model that remembers (the answer's tokens are likely, a distractor's mostly not). It
-    counts the rows and tokens of every call."""
+    """A model that leans by `bonus` nats towards the token that follows the input token in
+    one of the `paths`: a stand-in for a model that remembers (each next token of the answer
+    is likely, a distractor's mostly not). It counts the rows of every forward call."""
 
-    def __init__(self, inner: nn.Module, favoured: list[int], bonus: float) -> None:
+    def __init__(self, inner: nn.Module, paths: list[list[int]], bonus: float) -> None:
         super().__init__()
-        self.inner, self.favoured, self.bonus = inner, torch.tensor(sorted(set(favoured))), bonus
-        self.calls: list[tuple[int, int]] = []
+        self.inner, self.bonus = inner, bonus
+        self.next: dict[int, set[int]] = {}
+        for p in paths:
+            for a, b in zip(p, p[1:]):
+                self.next.setdefault(a, set()).add(b)
+        self.calls: list[tuple[int, int]] = []  # (rows, tokens) of each forward call
+        self.steps = 0  # greedy decode steps
 
     @property
     def embed(self) -> nn.Module:
@@ -33,19 +38,26 @@ class Leaning(nn.Module):
     def new_state(self, batch: int = 1):  # type: ignore[no-untyped-def]
         return self.inner.new_state(batch)
 
-    def _lean(self, logits: Tensor) -> Tensor:
+    def _lean(self, ids: Tensor, logits: Tensor) -> Tensor:
         logits = logits.clone()
-        logits[..., self.favoured] += self.bonus
+        at = ids[:, -logits.shape[1]:]  # the input token each row of logits follows
+        for b in range(at.shape[0]):
+            for t in range(at.shape[1]):
+                for n in self.next.get(int(at[b, t]), ()):
+                    logits[b, t, n] += self.bonus
         return logits
 
-    def forward(self, ids: Tensor, state=None, **kw):  # type: ignore[no-untyped-def]
+    def forward(self, ids: Tensor, state=None, *, lengths=None, last_only=False):  # type: ignore[no-untyped-def]
         self.calls.append(tuple(ids.shape))
-        logits, state = self.inner(ids, state, **kw)
-        return self._lean(logits), state
+        logits, state = self.inner(ids, state, lengths=lengths, last_only=last_only)
+        if last_only and lengths is not None:  # each row's last real token
+            at = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])
+            return self._lean(at, logits), state
+        return self._lean(ids, logits), state
 
     def step_(self, tokens: Tensor, state) -> Tensor:  # type: ignore[no-untyped-def]
-        self.calls.append((tokens.shape[0], 1))
-        return self._lean(self.inner.step_(tokens, state))
+        self.steps += 1
+        return self._lean(tokens[:, None], self.inner.step_(tokens, state)[:, None])[:, 0]
 
 
 def _full_scores(model: nn.Module, state, question: list[int], ids: list[list[int]]) -> list[float]:  # type: ignore[no-untyped-def]
@@ -72,17 +84,19 @@ def _greedy(model: nn.Module, state, question: list[int], n: int, stops: list[in
     return got
 
 
+# Trials 0, 1, 2 plant digits, a word pair and a hex id.
 @pytest.mark.parametrize("bonus", [0.0, 4.0, 40.0], ids=["chance", "leaning", "remembers"])
 def test_pruned_asking_equals_scoring_every_candidate(random_tiny, bonus):
     lm = random_tiny
     pb = PromptBuilder(lm.tokenizer, lm.template, "chat")
-    samples = [build_sample(p, text.rng_of(p, "prune"), pb, t) for t, p in enumerate(["passkey", "passkey", "multikey-4"])]
+    samples = [build_sample("passkey", text.rng_of(t, "prune"), pb, t) for t in range(3)]
     cands = [candidates(s, text.rng_of("c", i), pb) for i, s in enumerate(samples)]
     ids = [[pb.answer_ids(c) for c in cs] for cs in cands]
-    model = Leaning(lm.model, [t for s in samples for t in pb.answer_ids(s.answer)], bonus)
-    _, state = advance_rows(model, model.new_state(3), [s.prefix + s.plant for s in samples])
+    model = Leaning(lm.model, [s.question[-1:] + pb.answer_ids(s.answer) for s in samples], bonus)
+    _, state = advance_rows(model, model.new_state(len(samples)), [s.prefix + s.plant for s in samples])
     stops = lm.template.stop_ids(lm.tokenizer)
     model.calls.clear()
+    B = len(samples)
     got = ask_rows(model, state, [s.question for s in samples], ids, [c.index(s.answer) for c, s in zip(cands, samples)],
                    decode=lm.tokenizer.decode, answers=[s.answer for s in samples],
                    greedy_tokens=[len(i[0]) + 2 for i in ids], stop_ids=stops)
@@ -97,7 +111,9 @@ def test_pruned_asking_equals_scoring_every_candidate(random_tiny, bonus):
         assert a.pick == max(range(len(real)), key=real.__getitem__)
         want = _greedy(model, state.index_select(torch.tensor([b])), s.question, len(i[0]) + 2, stops)
         assert a.greedy == lm.tokenizer.decode(want)
-    # Rows read: the question on 6 rows (3 real, 3 blank), each row's true answer, and the
-    # distractors still in the running; in full that is 6 + 6 * 20 rows plus the greedy steps.
+    # Rows read: the question on 2B rows (real and blank), each row's true answer, the
+    # distractors still in the running and the greedy answers that leave the true answer's
+    # path; in full, 2B * 19 distractor rows.
     if bonus == 40.0:
-        assert work <= 6 + 6 + 6 * 20 // 2, model.calls  # most distractors were never read
+        assert [a.rank for a in got] == [1] * B
+        assert work <= 2 * B + 2 * B + B + 2 * B * 19 // 4, model.calls  # most distractors were never read
