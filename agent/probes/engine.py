@@ -71,8 +71,10 @@ def _paths(model: LaplaceModel, state: RecurrentState, src: Sequence[int], paths
         part = paths[lo : lo + per]
         ids, lens = _pad(part, device)
         ragged = bool((lens != ids.shape[1]).any())
-        logits, _ = model(ids, _take(state, torch.tensor(list(src[lo : lo + per]), device=device)),
-                          lengths=lens if ragged else None)
+        rows = list(src[lo : lo + per])
+        # Every row of `state` in order: read it as it is (the model never writes its input).
+        on = state if rows == list(range(state.batch_size)) else _take(state, torch.tensor(rows, device=device))
+        logits, _ = model(ids, on, lengths=lens if ragged else None)
         for i, p in enumerate(part):
             yield lo + i, torch.log_softmax(logits[i, : len(p)].float(), -1)
 

@@ -109,7 +109,7 @@ def build_report(outcome: Outcome, loaded: LoadedModel, *, device: str = "cpu") 
         "schema_version": SCHEMA_VERSION,
         "suite": {"name": s.name, "probes": list(s.probes), "fillers": list(s.fillers), "distances": sorted(set(s.distances)),
                   "trials": s.trials, "seed": outcome.seed, "style": outcome.style,
-                  "budget_s": plan.budget_s if plan else None, "n_candidates": 20,
+                  "budget_s": plan.budget_s if plan else None, "n_candidates": s.candidates,
                   **({"refresh": outcome.refresh} if outcome.refresh else {})},
         "model": {"name": loaded.name, "fingerprint": loaded.fingerprint, "config": loaded.config.to_dict(),
                   "card": loaded.card, "trained": loaded.card.get("trained", True)},

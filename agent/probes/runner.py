@@ -24,7 +24,7 @@ from agent.probes.ledger import counterfactual_trace, resume_check, retention_le
 from agent.recall.decays import capture_decays
 from agent.recall.horizon import recall_horizon
 from agent.recall.rule import BLOCK_ROLE, DEFAULT_BUDGET, Candidate, Recalled, block_budget, build_block
-from agent.probes.suites import REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
+from agent.probes.suites import N_CANDIDATES, REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
 Log = Callable[[str], None]
@@ -77,6 +77,7 @@ class SuiteRunner:
         self.seed = seed
         self.log = log or (lambda _m: None)
         self.stop_ids = loaded.template.stop_ids(loaded.tokenizer)
+        self.n_candidates = N_CANDIDATES
 
     # ---- warm-up ----------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class SuiteRunner:
     # ---- asking -----------------------------------------------------------------------
 
     def _candidates(self, samples: list[Sample], rngs: list) -> list[list[str]]:  # type: ignore[type-arg]
-        return [candidates(s, r, self.prompts) for s, r in zip(samples, rngs)]
+        return [candidates(s, r, self.prompts, self.n_candidates) for s, r in zip(samples, rngs)]
 
     def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None) -> list[Answer]:  # type: ignore[no-untyped-def]
         """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given."""
@@ -128,6 +129,7 @@ class SuiteRunner:
         that plans the sweep, the sweep, the state metrics. Whatever the deadline cuts is
         listed as skipped; what was measured before it is kept."""
         start = time.perf_counter() if started is None else started
+        self.n_candidates = suite.candidates
         deadline = Deadline(budget_s, start)
         filler_objs = {f: make_filler(f, self.loaded.tokenizer, self.loaded.template) for f in suite.fillers}
         for p in suite.probes:

@@ -20,6 +20,7 @@ SUITE_NAMES = ("smoke", "quick", "standard", "full", "refresh")
 MIN_TRIALS = 4
 PLAN_SAFETY = 0.85  # plan to 85% of what is left: estimates from one warm-up are rough
 REFRESH_MODES = ("off", "on", "both")  # recall refresh measured: without, with, or both side by side
+N_CANDIDATES = 20  # the forced choice's size unless a suite says otherwise
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Suite:
     default_budget_s: float | None = None
     # Recall refresh measured by default (off | on | both); `--refresh` overrides it.
     refresh: str = "off"
+    # Values in each forced choice (the answer and distractors of its token length). A
+    # question asked at chance reads nearly all of them, one state copy each.
+    candidates: int = N_CANDIDATES
 
 
 def _pow2(top: int) -> tuple[int, ...]:
@@ -45,9 +49,11 @@ def _pow2(top: int) -> tuple[int, ...]:
 
 
 SUITES: dict[str, Suite] = {
-    # smoke: every probe kind, inside the default model's 256-token window and at its edge,
-    # on one filler: about a minute on the default model (two fillers took twice that).
-    "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("grammar",), (0, 64, 256), 4),
+    # smoke: every probe kind, inside the default model's 256-token window and past it, on
+    # one filler, in a 10-way choice: about a minute on the default model. Its cost is the
+    # questions asked at chance (past the window, and every blank control), each reading
+    # nearly every candidate on its own copy of a 21 MB state.
+    "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("grammar",), (0, 64, 256), 4, candidates=10),
     "quick": Suite("quick", ("passkey", "multikey-4", "multikey-16", "update", "order"), ("noise", "grammar", "chat", "logs"),
                    _pow2(1024), 8, default_budget_s=45.0),
     "standard": Suite("standard", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
