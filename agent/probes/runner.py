@@ -28,7 +28,9 @@ from agent.probes.suites import N_CANDIDATES, REFRESH_MODES, Deadline, Plan, Spe
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
 Log = Callable[[str], None]
-WARMUP_TOKENS = 128  # filler tokens the warm-up times on one row; estimates scale linearly in rows
+WARMUP_TOKENS = 128  # filler tokens the warm-up times
+WARMUP_ROWS = 8  # a second warm-up batches up to this many rows, when the first was cheap
+WARMUP_SHARE = 0.05  # ... that is, when it would take at most this share of the budget
 
 
 @dataclass
@@ -81,20 +83,20 @@ class SuiteRunner:
 
     # ---- warm-up ----------------------------------------------------------------------
 
-    def warmup(self, filler: Filler, deadline: Deadline) -> Speed | None:
-        """Time one batch row: filler tokens, and a question with its blank control, after
-        an untimed short pass (allocations, caches). The row has read no plant, so its
-        question is answered at chance: the most a question can cost (a state that
+    def warmup(self, filler: Filler, deadline: Deadline, rows: int = 1) -> Speed | None:
+        """Time `rows` batch rows: filler tokens, and a question with its blank control,
+        after an untimed short pass (allocations, caches). The rows have read no plant, so
+        the question is answered at chance: the most a question can cost (a state that
         remembers lets most distractors go unread), and the plan is pessimistic. None when
         the deadline passes first."""
         t0 = time.perf_counter()
         rng = text.rng_of(self.seed, "warmup")
-        samples = [build_sample("passkey", rng, self.prompts, 0)]
-        cands = self._candidates(samples, [rng])
+        samples = [build_sample("passkey", rng, self.prompts, t) for t in range(rows)]
+        cands = self._candidates(samples, [rng] * rows)
         ids = filler.tokens(WARMUP_TOKENS, rng)
-        advance_rows(self.model, self.model.new_state(1), [ids[:32]])
+        advance_rows(self.model, self.model.new_state(rows), [ids[:32]] * rows)
         t1 = time.perf_counter()
-        _, state = advance_rows(self.model, self.model.new_state(1), [ids])
+        _, state = advance_rows(self.model, self.model.new_state(rows), [ids] * rows)
         t2 = time.perf_counter()
         if deadline.passed():
             return None
@@ -103,7 +105,18 @@ class SuiteRunner:
         # The blank control is about half of that question's work (the same question on a
         # blank state beside it).
         return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=(t3 - t2) / 2, s_per_blank=(t3 - t2) / 2,
-                     warmup_s=t3 - t0, rows=1)
+                     warmup_s=t3 - t0, rows=rows)
+
+    def _speed(self, filler: Filler, deadline: Deadline, budget_s: float, trials: int) -> Speed | None:
+        """One row timed; then, when that was cheap enough (a small model, whose cost is
+        mostly per call rather than per row), as many rows as a sweep batches, so the
+        estimate is not scaled up from one row."""
+        one = self.warmup(filler, deadline)
+        rows = min(trials, WARMUP_ROWS)
+        if one is None or rows <= 1 or one.warmup_s * rows > WARMUP_SHARE * budget_s:
+            return one
+        more = self.warmup(filler, deadline, rows)
+        return one if more is None else replace(more, warmup_s=one.warmup_s + more.warmup_s)
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -136,7 +149,7 @@ class SuiteRunner:
             parse_probe(p)
         speed = None
         if budget_s is not None:
-            speed = self.warmup(next(iter(filler_objs.values())), deadline)
+            speed = self._speed(next(iter(filler_objs.values())), deadline, budget_s, suite.trials)
             if speed is not None:
                 self.log(f"warm-up: {speed.warmup_s:.1f} s")
         if speed is not None and self.refresh != "off":  # each distance is asked twice
