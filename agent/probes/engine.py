@@ -60,7 +60,12 @@ def _take(state: RecurrentState, index: Tensor) -> RecurrentState:
     return state.index_select(index)
 
 
-def _paths(model: LaplaceModel, state: RecurrentState, src: Sequence[int], paths: Sequence[Sequence[int]]) -> Iterator[tuple[int, Tensor]]:
+class Stopped(Exception):
+    """`ask_rows` was told to stop (a deadline) before it finished; nothing it did is kept."""
+
+
+def _paths(model: LaplaceModel, state: RecurrentState, src: Sequence[int], paths: Sequence[Sequence[int]],
+           stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, Tensor]]:
     """Read path i on a copy of row src[i] of `state` and yield (i, log-probs [len(path), V]),
     row j being the distribution after path[: j + 1]. Paths go in multi-token calls of at
     most ROW_BYTES of state each, never one call per token (a call's cost is mostly
@@ -68,6 +73,8 @@ def _paths(model: LaplaceModel, state: RecurrentState, src: Sequence[int], paths
     device = model.embed.weight.device
     per = max(1, ROW_BYTES // max(1, state.nbytes // max(1, state.batch_size)))
     for lo in range(0, len(paths), per):
+        if stop is not None and stop():
+            raise Stopped
         part = paths[lo : lo + per]
         ids, lens = _pad(part, device)
         ragged = bool((lens != ids.shape[1]).any())
@@ -139,6 +146,7 @@ def ask_rows(
     greedy_tokens: Sequence[int],
     stop_ids: Sequence[int] = (),
     blank: bool = True,
+    stop: Callable[[], bool] | None = None,
 ) -> list[Answer]:
     """Ask each batch row of `state` its own question; score its candidates' tokens after
     the question on the row and (with `blank`) on a blank state, and decode a greedy answer.
@@ -154,7 +162,9 @@ def ask_rows(
     score below the true answer can neither outrank it nor be the pick, and is not read
     further (rank, pick and log-probs stay exact). The rest are read in one call. The
     greedy answer follows the true answer's path as long as its argmax does, and only the
-    tokens after that are decoded step by step."""
+    tokens after that are decoded step by step.
+
+    `stop` (a deadline) is asked between calls; when it says so, `Stopped` is raised."""
     B = len(questions)
     for c in candidate_ids:
         if len({len(x) for x in c}) != 1 or 0 in {len(x) for x in c}:
@@ -168,7 +178,7 @@ def ask_rows(
     # Along each row's true answer: lp[j] is the distribution before truth[j] (j <= L: the
     # last one is after the whole answer, where the greedy answer goes on).
     along: list[Tensor] = [first[r : r + 1] for r in range(rows)]
-    for r, lp in _paths(model, q_state, range(rows), truth):
+    for r, lp in _paths(model, q_state, range(rows), truth, stop):
         along[r] = torch.cat([along[r], lp])
     scores = [[math.nan] * len(candidate_ids[r % B]) for r in range(rows)]
     rest: list[tuple[int, int]] = []  # (row, candidate) still to read
@@ -189,10 +199,12 @@ def ask_rows(
                 scores[r][k] = bound  # exact when it ends there; else a bound below the answer
             else:
                 rest.append((r, k))
-    for i, lp in _paths(model, q_state, [r for r, _ in rest], [list(candidate_ids[r % B][k][:-1]) for r, k in rest]):
+    for i, lp in _paths(model, q_state, [r for r, _ in rest], [list(candidate_ids[r % B][k][:-1]) for r, k in rest], stop):
         r, k = rest[i]
         c = candidate_ids[r % B][k]
         scores[r][k] = _running([float(first[r, c[0]])] + lp[torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist())[-1]
+    if stop is not None and stop():
+        raise Stopped
     greedy = _greedy_along(model, q_state, along[:B], truth[:B], greedy_tokens, stop_ids)
     out = []
     for b in range(B):

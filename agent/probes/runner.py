@@ -18,7 +18,7 @@ import torch
 from agent.runtime.checkpoint import LoadedModel
 
 from agent.probes import text
-from agent.probes.engine import SEGMENT, Answer, advance_rows, ask_rows
+from agent.probes.engine import SEGMENT, Answer, Stopped, advance_rows, ask_rows
 from agent.probes.fillers import Filler, Piece, make_filler
 from agent.probes.ledger import counterfactual_trace, resume_check, retention_ledger
 from agent.recall.decays import capture_decays
@@ -100,7 +100,10 @@ class SuiteRunner:
         t2 = time.perf_counter()
         if deadline.passed():
             return None
-        self._ask(state, samples, cands)
+        try:
+            self._ask(state, samples, cands, deadline=deadline)
+        except Stopped:
+            return None
         t3 = time.perf_counter()
         # The blank control is about half of that question's work (the same question on a
         # blank state beside it).
@@ -123,13 +126,15 @@ class SuiteRunner:
     def _candidates(self, samples: list[Sample], rngs: list) -> list[list[str]]:  # type: ignore[type-arg]
         return [candidates(s, r, self.prompts, self.n_candidates) for s, r in zip(samples, rngs)]
 
-    def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None) -> list[Answer]:  # type: ignore[no-untyped-def]
-        """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given."""
+    def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None,  # type: ignore[no-untyped-def]
+             deadline: Deadline | None = None) -> list[Answer]:
+        """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given.
+        Raises `Stopped` when `deadline` passes part-way."""
         ids = [[self.prompts.answer_ids(c) for c in cs] for cs in cands]
         answers = ask_rows(self.model, state, [s.question for s in samples], ids,
                            [cs.index(s.answer) for cs, s in zip(cands, samples)], decode=self.loaded.tokenizer.decode,
                            answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 2 for i in ids],
-                           stop_ids=self.stop_ids, blank=blank is None)
+                           stop_ids=self.stop_ids, blank=blank is None, stop=None if deadline is None else deadline.passed)
         if blank is not None:
             answers = [replace(a, blank_logp=b.blank_logp, blank_rank=b.blank_rank) for a, b in zip(answers, blank)]
         return answers
@@ -203,14 +208,20 @@ class SuiteRunner:
                 pos = end
             if pos < d or deadline.passed():  # the filler took the time: no question at this distance
                 break
-            answers = self._ask(state, samples, cands, blank)
+            try:
+                answers = self._ask(state, samples, cands, blank, deadline)
+            except Stopped:  # the deadline came part-way through this question: it is not kept
+                break
             blank = blank or answers
             self._store(out, probe, filler.name, d, samples, cands, answers)
             if self.refresh != "off" and not deadline.passed():
                 blocks = [self._recall_block(x, p, d) for x, p in zip(samples, pieces)]
                 if any(ids for ids, _ in blocks):  # rows without a block keep their state exactly
                     _, refreshed = advance_rows(self.model, state, [ids for ids, _ in blocks])
-                    answers = self._ask(refreshed, samples, cands, blank)
+                    try:
+                        answers = self._ask(refreshed, samples, cands, blank, deadline)
+                    except Stopped:
+                        break
                 name = probe + REFRESH_SUFFIX
                 self._store(out, name, filler.name, d, samples, cands, answers)
                 out.blocks.setdefault((name, filler.name, d), []).extend((hit, len(ids)) for ids, hit in blocks)
