@@ -31,7 +31,7 @@ class Answer:
     pick: int  # index of the top-1 candidate
     logp: float  # log-prob of the true answer's tokens after the cue
     blank_logp: float  # the same from a state that read nothing
-    blank_rank: int
+    blank_rank: int  # (asked with blank_first_only: 1, or a lower bound when not first)
     greedy: str  # decoded greedy continuation of the cue
     exact: bool  # the greedy continuation starts with the answer
     contains: bool  # the answer appears anywhere in it
@@ -45,7 +45,8 @@ class Answer:
         return self.logp - self.blank_logp
 
 
-ROW_BYTES = 256 << 20  # one scoring call holds at most ~256 MB of rows' state: peak memory stays bounded
+ROW_BYTES = 128 << 20  # one scoring call holds at most ~128 MB of rows' state: peak memory stays bounded
+FIRST_ONLY_STEP = 2  # blank rivals read per row per call when only "first or not" is wanted
 
 
 def _pad(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -147,6 +148,7 @@ def ask_rows(
     stop_ids: Sequence[int] = (),
     blank: bool = True,
     stop: Callable[[], bool] | None = None,
+    blank_first_only: bool = False,
 ) -> list[Answer]:
     """Ask each batch row of `state` its own question; score its candidates' tokens after
     the question on the row and (with `blank`) on a blank state, and decode a greedy answer.
@@ -164,7 +166,11 @@ def ask_rows(
     greedy answer follows the true answer's path as long as its argmax does, and only the
     tokens after that are decoded step by step.
 
-    `stop` (a deadline) is asked between calls; when it says so, `Stopped` is raised."""
+    `stop` (a deadline) is asked between calls; when it says so, `Stopped` is raised.
+    `blank_first_only`: the blank control need only say whether the blank state ranks the
+    answer first (a sweep reports just that); its rank is then 1, or a lower bound >= 2,
+    and the blank's rivals are read only until one outscores the answer (at chance, the
+    blank control's usual place, that saves most of its reads)."""
     B = len(questions)
     for c in candidate_ids:
         if len({len(x) for x in c}) != 1 or 0 in {len(x) for x in c}:
@@ -182,6 +188,7 @@ def ask_rows(
         along[r] = torch.cat([along[r], lp])
     scores = [[math.nan] * len(candidate_ids[r % B]) for r in range(rows)]
     rest: list[tuple[int, int]] = []  # (row, candidate) still to read
+    bounds: dict[tuple[int, int], float] = {}
     for r in range(rows):
         t, lp = truth[r], along[r]
         prefix = _running(lp[torch.arange(len(t)), torch.tensor(t)].tolist())
@@ -199,10 +206,36 @@ def ask_rows(
                 scores[r][k] = bound  # exact when it ends there; else a bound below the answer
             else:
                 rest.append((r, k))
-    for i, lp in _paths(model, q_state, [r for r, _ in rest], [list(candidate_ids[r % B][k][:-1]) for r, k in rest], stop):
-        r, k = rest[i]
-        c = candidate_ids[r % B][k]
-        scores[r][k] = _running([float(first[r, c[0]])] + lp[torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist())[-1]
+                bounds[r, k] = bound
+
+    def read(items: list[tuple[int, int]]) -> None:
+        """Score these (row, candidate)s in full; rivals with the same tokens before their
+        last one (same row) share one read."""
+        paths: dict[tuple[int, tuple[int, ...]], list[tuple[int, int]]] = {}
+        for r, k in items:
+            paths.setdefault((r, tuple(candidate_ids[r % B][k][:-1])), []).append((r, k))
+        keys = list(paths)
+        for i, lp in _paths(model, q_state, [r for r, _ in keys], [list(p) for _, p in keys], stop):
+            for r, k in paths[keys[i]]:
+                c = candidate_ids[r % B][k]
+                scores[r][k] = _running([float(first[r, c[0]])] + lp[torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist())[-1]
+
+    if not (blank and blank_first_only):
+        read(rest)
+    else:
+        read([x for x in rest if x[0] < B])
+        # Blank rows: only "first or not" is wanted. Rivals are read best bound first, a few
+        # per row at a time, and a row stops at the first that outscores its answer.
+        queue = {r: sorted((x for x in rest if x[0] == r), key=lambda x: -bounds[x]) for r in range(B, rows)}
+        while any(queue.values()):
+            batch = [x for r in queue for x in queue[r][:FIRST_ONLY_STEP]]
+            for r in queue:
+                queue[r] = queue[r][FIRST_ONLY_STEP:]
+            read(batch)
+            for r in queue:
+                best = scores[r][answer_index[r % B]]
+                if any(x > best for x in scores[r] if not math.isnan(x)):
+                    queue[r] = []  # not first: its other rivals stay unread (NaN)
     if stop is not None and stop():
         raise Stopped
     greedy = _greedy_along(model, q_state, along[:B], truth[:B], greedy_tokens, stop_ids)

@@ -134,7 +134,8 @@ class SuiteRunner:
         answers = ask_rows(self.model, state, [s.question for s in samples], ids,
                            [cs.index(s.answer) for cs, s in zip(cands, samples)], decode=self.loaded.tokenizer.decode,
                            answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 2 for i in ids],
-                           stop_ids=self.stop_ids, blank=blank is None, stop=None if deadline is None else deadline.passed)
+                           stop_ids=self.stop_ids, blank=blank is None, stop=None if deadline is None else deadline.passed,
+                           blank_first_only=True)  # the report keeps only "the blank ranks it first"
         if blank is not None:
             answers = [replace(a, blank_logp=b.blank_logp, blank_rank=b.blank_rank) for a, b in zip(answers, blank)]
         return answers

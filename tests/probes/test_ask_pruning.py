@@ -117,3 +117,27 @@ def test_pruned_asking_equals_scoring_every_candidate(random_tiny, bonus):
     if bonus == 40.0:
         assert [a.rank for a in got] == [1] * B
         assert work <= 2 * B + 2 * B + B + 2 * B * 19 // 4, model.calls  # most distractors were never read
+
+
+def test_a_blank_control_asked_first_or_not_agrees_and_reads_less(random_tiny):
+    # Random weights: every question is at chance, the blank control's usual place.
+    lm = random_tiny
+    pb = PromptBuilder(lm.tokenizer, lm.template, "chat")
+    samples = [build_sample("passkey", text.rng_of(t, "first"), pb, t) for t in range(6)]
+    cands = [candidates(s, text.rng_of("c", i), pb) for i, s in enumerate(samples)]
+    ids = [[pb.answer_ids(c) for c in cs] for cs in cands]
+    model = Leaning(lm.model, [], 0.0)
+    _, state = advance_rows(model, model.new_state(len(samples)), [s.prefix + s.plant for s in samples])
+    runs = {}
+    for first_only in (False, True):
+        model.calls.clear()
+        got = ask_rows(model, state, [s.question for s in samples], ids, [c.index(s.answer) for c, s in zip(cands, samples)],
+                       decode=lm.tokenizer.decode, answers=[s.answer for s in samples], greedy_tokens=[4] * len(samples),
+                       blank_first_only=first_only)
+        runs[first_only] = (got, sum(b for b, _ in model.calls))
+    (exact, work_exact), (first, work_first) = runs[False], runs[True]
+    assert [a.blank_rank == 1 for a in first] == [a.blank_rank == 1 for a in exact]
+    assert all(f.blank_rank <= e.blank_rank for f, e in zip(first, exact))  # a lower bound when not first
+    assert [(a.rank, a.pick) for a in first] == [(a.rank, a.pick) for a in exact]
+    assert [a.logp for a in first] == pytest.approx([a.logp for a in exact], abs=1e-4)
+    assert work_first < work_exact
