@@ -131,9 +131,11 @@ class SuiteRunner:
         """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given.
         Raises `Stopped` when `deadline` passes part-way."""
         ids = [[self.prompts.answer_ids(c) for c in cs] for cs in cands]
+        # Greedy: the answer's tokens and one more, which shows whether the answer ends
+        # there (`exact`); a model that says it takes no call beyond the true answer's.
         answers = ask_rows(self.model, state, [s.question for s in samples], ids,
                            [cs.index(s.answer) for cs, s in zip(cands, samples)], decode=self.loaded.tokenizer.decode,
-                           answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 2 for i in ids],
+                           answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 1 for i in ids],
                            stop_ids=self.stop_ids, blank=blank is None, stop=None if deadline is None else deadline.passed,
                            blank_first_only=True)  # the report keeps only "the blank ranks it first"
         if blank is not None:
