@@ -4,6 +4,11 @@
 a sweep asks at a distance and keeps reading filler from the same state: one pass over the
 filler serves every distance. The blank control is the same question on a state that has
 read nothing, batched beside the real one.
+
+Cost (what made a smoke run take 15 minutes on the 135 M default model): a call's cost is
+mostly copying its rows' state (21 MB a row there), whatever its length. So a question is
+a few calls over many rows, never a call per candidate token: the true answers first, then
+only the distractors that could still outrank them, in one call per ~128 MB of rows.
 """
 
 from __future__ import annotations
