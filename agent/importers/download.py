@@ -2,8 +2,9 @@
 
 `download(url, dest, sha256=..., size=...)` writes `dest.part` and asks the server for the
 rest of it (an HTTP Range request) when a previous attempt stopped part-way, so a dropped
-connection or a Ctrl-C costs only what was in flight. The finished file is checked against
-its pinned size and sha256 before it is renamed to `dest`; a file that does not match is
+connection or a Ctrl-C costs only what was in flight. It never writes past the pinned size
+(a longer body is refused), and the finished file is checked against its pinned size and
+sha256 before it is renamed to `dest` and reported done; a file that does not match is
 deleted and refused, never used.
 """
 
@@ -48,8 +49,6 @@ def download(url: str, dest: Path, *, sha256: str, size: int, progress: Optional
         have = 0
     if have < size:
         _fetch_rest(url, part, have, size, progress, timeout)
-    if progress:
-        progress(size, size)
     got_size = part.stat().st_size
     if got_size < size:  # the connection ended early: keep it, the next try resumes
         raise DownloadError(f"the download of {url} stopped at {got_size:,} of {size:,} bytes; run the command again to resume it")
@@ -61,6 +60,8 @@ def download(url: str, dest: Path, *, sha256: str, size: int, progress: Optional
             f"{sha256[:16]}...; the file was deleted; run the command again to download it afresh"
         )
     os.replace(part, dest)
+    if progress:  # only now is it done: the size and the sha256 are the pinned ones
+        progress(size, size)
     return dest
 
 
@@ -76,14 +77,19 @@ def _fetch_rest(url: str, part: Path, have: int, size: int, progress: Optional[P
                 f.seek(have)
                 f.truncate()
                 done = have
-                while True:
-                    block = response.read(CHUNK)
+                while done < size:  # never past the pinned size
+                    block = response.read(min(CHUNK, size - done))
                     if not block:
                         break
                     f.write(block)
                     done += len(block)
-                    if progress:
-                        progress(min(done, size), size)
+                    if progress and done < size:  # "all of it" is said once it is checked
+                        progress(done, size)
+                longer = done >= size and response.read(1)
+            if longer:  # more than the pinned file: not it, whatever its first bytes say
+                part.unlink(missing_ok=True)
+                raise DownloadError(f"{url} sent more than the pinned {size:,} bytes, so it is not the pinned file; "
+                                    f"nothing was kept; check the URL (or the server) and run the command again")
     except urllib.error.HTTPError as exc:
         raise DownloadError(f"{url}: the server answered {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:

@@ -1,7 +1,7 @@
 """Reading a llama.cpp GGUF file: a Llama's shape, its weights and its tokenizer.
 
 `read_gguf(path)` returns the neutral form `llama.py` converts: the shape, the tensors
-dequantized to fp32 under Hugging Face's names (q and k rows un-permuted: llama.cpp's
+(read one at a time as the converter takes them) dequantized to fp32 under Hugging Face's names (q and k rows un-permuted: llama.cpp's
 converter interleaves each head's two RoPE halves, `reshape(H, 2, D/2, in).swapaxes(1, 2)`,
 and we undo it as transformers' GGUF loader does), a `tokenizers` tokenizer built from the
 vocabulary, merges and token types, and the chat template and special tokens.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ _NAMES = {  # GGUF tensor -> Hugging Face Llama tensor ({i}: the layer)
 @dataclass
 class GGUFModel:
     shape: LlamaShape
-    tensors: dict[str, torch.Tensor]  # Hugging Face names, fp32
+    tensors: GGUFTensors  # Hugging Face names, fp32, each read when taken
     tokenizer: Tokenizer
     files: TokenizerFiles  # special tokens, eos id and chat template, as a checkpoint directory gives them
     quants: dict[str, int]  # quant type -> how many tensors had it (for the card)
@@ -125,13 +125,66 @@ def _hf_name(name: str, n_layers: int) -> str | None:
     return None
 
 
-def gguf_tensors(reader: Any, shape: LlamaShape, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Every tensor dequantized to fp32 under its Hugging Face name; an unsupported quant
-    type or an unknown tensor is refused before anything is dequantized."""
-    from gguf.quants import dequantize
+class GGUFTensors(Mapping[str, torch.Tensor]):
+    """The GGUF's tensors under their Hugging Face names, each read from the file,
+    dequantized to fp32 and un-permuted only when asked for, and only once (`pop`, as the
+    converter takes them): a conversion holds the model it builds plus one tensor, never
+    the whole fp32 model twice.
 
+    Bytes come by plain reads, not through the reader's memory map: pages of a mapping a
+    process has touched count in its resident set until it unmaps them (see
+    `agent.runtime.weights`), so reading an F32 GGUF through it would hold the file once
+    more."""
+
+    lazy = True  # `llama.hybrid_weights` takes from it as it is instead of copying it first
+
+    def __init__(self, path: Path, shape: LlamaShape, infos: dict[str, Any]) -> None:
+        self.path, self.shape, self._infos = path, shape, infos
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._read(self._infos[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._infos))
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        """The tensor, read now and forgotten here (a second pop is a KeyError)."""
+        if name not in self._infos:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        return self._read(self._infos.pop(name))
+
+    def _read(self, t: Any) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        raw = bytearray(int(t.n_bytes))
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(int(t.data_offset))
+                if f.readinto(raw) != len(raw):
+                    raise CheckpointError(f"{self.path.name} ends inside tensor {t.name}; download it again")
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {self.path} ({exc.strerror or exc})") from None
+        # The same dtype and shape as the reader's own view of these bytes (t.data, untouched).
+        stored = np.frombuffer(raw, dtype=t.data.dtype).reshape(t.data.shape)
+        w = np.asarray(dequantize(stored, t.tensor_type), dtype=np.float32)
+        w = w.reshape(tuple(int(x) for x in reversed(t.shape.tolist())))  # GGUF lists dims innermost first
+        if t.name.endswith("attn_q.weight"):
+            w = unpermute(w, self.shape.n_heads)
+        elif t.name.endswith("attn_k.weight"):
+            w = unpermute(w, self.shape.n_kv_heads)
+        return torch.from_numpy(np.ascontiguousarray(w))  # an F32 tensor keeps the buffer it was read into: no copy
+
+
+def gguf_tensors(reader: Any, shape: LlamaShape, path: Path) -> tuple[GGUFTensors, dict[str, int]]:
+    """Every tensor under its Hugging Face name, read lazily (`GGUFTensors`); an
+    unsupported quant type or an unknown tensor is refused before any is read."""
     quants: dict[str, int] = {}
-    names = {}
+    infos: dict[str, Any] = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
         if kind not in SUPPORTED_QUANTS:
@@ -139,19 +192,9 @@ def gguf_tensors(reader: Any, shape: LlamaShape, path: Path) -> tuple[dict[str, 
         hf = _hf_name(t.name, shape.n_layers)
         if hf is None:
             raise CheckpointError(f"{path.name} has a tensor a plain Llama does not ({t.name}); not supported")
-        names[t.name] = hf
+        infos[hf] = t
         quants[kind] = quants.get(kind, 0) + 1
-    out = {}
-    for t in reader.tensors:
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        want = tuple(int(x) for x in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
-        w = w.reshape(want)
-        if t.name.endswith("attn_q.weight"):
-            w = unpermute(w, shape.n_heads)
-        elif t.name.endswith("attn_k.weight"):
-            w = unpermute(w, shape.n_kv_heads)
-        out[names[t.name]] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))  # the reader maps the file read-only
-    return out, quants
+    return GGUFTensors(path, shape, infos), quants
 
 
 def gguf_tokenizer(reader: Any, path: Path) -> tuple[Tokenizer, TokenizerFiles]:

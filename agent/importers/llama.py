@@ -11,7 +11,7 @@ so a converted model computes its teacher's attention over the window from the s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -105,11 +105,13 @@ def hybrid_config(shape: LlamaShape, opts: HybridOptions, *, name: str) -> Lapla
         raise CheckpointError(f"cannot make a window hybrid of this Llama ({exc})") from None
 
 
-def hybrid_weights(shape: LlamaShape, tensors: dict[str, torch.Tensor], opts: HybridOptions, *, name: str) -> tuple[LaplaceConfig, dict[str, torch.Tensor]]:
+def hybrid_weights(shape: LlamaShape, tensors: Mapping[str, torch.Tensor], opts: HybridOptions, *, name: str) -> tuple[LaplaceConfig, dict[str, torch.Tensor]]:
     """(config, our state dict) from Hugging Face-named Llama tensors. Every source tensor
     must be used and every shape must fit, or a CheckpointError."""
     c = hybrid_config(shape, opts, name=name)
-    src = dict(tensors)
+    # A lazy mapping (a GGUF's) is taken from as it is: each tensor is read when popped, so
+    # only the model being built is held; a plain dict is copied so the caller's stays whole.
+    src = tensors if getattr(tensors, "lazy", False) else dict(tensors)
     d, kv = c.d_model, c.kv_heads * c.head_k_dim
     out = {"embed.weight": expect_shape("model.embed_tokens.weight", take(src, "model.embed_tokens.weight"), (c.vocab_size, d)),
            "norm.weight": expect_shape("model.norm.weight", take(src, "model.norm.weight"), (d,))}
@@ -141,7 +143,7 @@ def hybrid_weights(shape: LlamaShape, tensors: dict[str, torch.Tensor], opts: Hy
             out[q + f"ffn.{ours}.weight"] = get(f"mlp.{theirs}.weight", want)
         for k, v in branch.items():
             out[q + f"attn.gla_branch.{k}"] = v.clone()
-    src = {k: v for k, v in src.items() if not k.endswith("rotary_emb.inv_freq")}  # a derived buffer some exports keep
-    if src:
-        raise CheckpointError(f"the checkpoint has tensors a Llama does not use: {', '.join(sorted(src)[:4])}; it is not a plain Llama")
+    left = [k for k in src if not k.endswith("rotary_emb.inv_freq")]  # a derived buffer some exports keep
+    if left:
+        raise CheckpointError(f"the checkpoint has tensors a Llama does not use: {', '.join(sorted(left)[:4])}; it is not a plain Llama")
     return c, out

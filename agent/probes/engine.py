@@ -4,6 +4,11 @@
 a sweep asks at a distance and keeps reading filler from the same state: one pass over the
 filler serves every distance. The blank control is the same question on a state that has
 read nothing, batched beside the real one.
+
+Cost (what made a smoke run take 15 minutes on the 135 M default model): a call's cost is
+mostly copying its rows' state (21 MB a row there), whatever its length. So a question is
+a few calls over many rows, never a call per candidate token: the true answers first, then
+only the distractors that could still outrank them, in one call per ~128 MB of rows.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -31,7 +36,7 @@ class Answer:
     pick: int  # index of the top-1 candidate
     logp: float  # log-prob of the true answer's tokens after the cue
     blank_logp: float  # the same from a state that read nothing
-    blank_rank: int
+    blank_rank: int  # (asked with blank_first_only: 1, or a lower bound when not first)
     greedy: str  # decoded greedy continuation of the cue
     exact: bool  # the greedy continuation starts with the answer
     contains: bool  # the answer appears anywhere in it
@@ -45,7 +50,8 @@ class Answer:
         return self.logp - self.blank_logp
 
 
-ROW_BYTES = 1 << 30  # candidate rows are scored in chunks of at most ~1 GB of state
+ROW_BYTES = 128 << 20  # one scoring call holds at most ~128 MB of rows' state: peak memory stays bounded
+FIRST_ONLY_STEP = 2  # blank rivals read per row per call when only "first or not" is wanted
 
 
 def _pad(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -58,6 +64,32 @@ def _pad(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, T
 
 def _take(state: RecurrentState, index: Tensor) -> RecurrentState:
     return state.index_select(index)
+
+
+class Stopped(Exception):
+    """`ask_rows` was told to stop (a deadline) before it finished; nothing it did is kept."""
+
+
+def _paths(model: LaplaceModel, state: RecurrentState, src: Sequence[int], paths: Sequence[Sequence[int]],
+           stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, Tensor]]:
+    """Read path i on a copy of row src[i] of `state` and yield (i, log-probs [len(path), V]),
+    row j being the distribution after path[: j + 1]. Paths go in multi-token calls of at
+    most ROW_BYTES of state each, never one call per token (a call's cost is mostly
+    copying its rows' state, whatever its length)."""
+    device = model.embed.weight.device
+    per = max(1, ROW_BYTES // max(1, state.nbytes // max(1, state.batch_size)))
+    for lo in range(0, len(paths), per):
+        if stop is not None and stop():
+            raise Stopped
+        part = paths[lo : lo + per]
+        ids, lens = _pad(part, device)
+        ragged = bool((lens != ids.shape[1]).any())
+        rows = list(src[lo : lo + per])
+        # Every row of `state` in order: read it as it is (the model never writes its input).
+        on = state if rows == list(range(state.batch_size)) else _take(state, torch.tensor(rows, device=device))
+        logits, _ = model(ids, on, lengths=lens if ragged else None)
+        for i, p in enumerate(part):
+            yield lo + i, torch.log_softmax(logits[i, : len(p)].float(), -1)
 
 
 @torch.inference_mode()
@@ -120,6 +152,8 @@ def ask_rows(
     greedy_tokens: Sequence[int],
     stop_ids: Sequence[int] = (),
     blank: bool = True,
+    stop: Callable[[], bool] | None = None,
+    blank_first_only: bool = False,
 ) -> list[Answer]:
     """Ask each batch row of `state` its own question; score its candidates' tokens after
     the question on the row and (with `blank`) on a blank state, and decode a greedy answer.
@@ -127,46 +161,136 @@ def ask_rows(
     The blank control depends only on the question and candidates, so a sweep asking the
     same ones at many distances computes it once (`blank=False` leaves its fields NaN / 0).
     A row's candidates must share one token length (their summed log-probs are compared);
-    lengths may differ between rows."""
+    lengths may differ between rows.
+
+    The cost is a few calls over the rows, not one per candidate token: the true answers
+    are read first, in one call. A distractor's summed log-prob can only fall as its tokens
+    are added, so one whose tokens up to where it leaves the true answer's path already
+    score below the true answer can neither outrank it nor be the pick, and is not read
+    further (rank, pick and log-probs stay exact). The rest are read in one call. The
+    greedy answer follows the true answer's path as long as its argmax does, and only the
+    tokens after that are decoded step by step.
+
+    `stop` (a deadline) is asked between calls; when it says so, `Stopped` is raised.
+    `blank_first_only`: the blank control need only say whether the blank state ranks the
+    answer first (a sweep reports just that); its rank is then 1, or a lower bound >= 2,
+    and the blank's rivals are read only until one outscores the answer (at chance, the
+    blank control's usual place, that saves most of its reads)."""
     B = len(questions)
     for c in candidate_ids:
         if len({len(x) for x in c}) != 1 or 0 in {len(x) for x in c}:
             raise ValueError("a row's candidates must be non-empty and share one token length")
-    device = model.embed.weight.device
     K = 2 if blank else 1
-    both = RecurrentState.stack([state, RecurrentState.zeros(model.config, B, device)]) if blank else state
+    rows = K * B
+    both = RecurrentState.stack([state, RecurrentState.zeros(model.config, B, state.device)]) if blank else state
     first_logits, q_state = advance_rows(model, both, list(questions) * K)  # B real rows, then B blank
-    first = torch.log_softmax(first_logits.float(), -1)  # [2B, V]
-    # One flat row per (question row, candidate), real then blank, scored in chunks.
-    owner = [b for b in range(B) for _ in candidate_ids[b]]
-    flat = [x for b in range(B) for x in candidate_ids[b]]
-    R = len(flat)
-    src = torch.tensor(owner + ([B + b for b in owner] if blank else []), device=device)
-    cand, clen = _pad(flat * K, device)
-    scores = torch.full((2 * R,), math.nan, device=device)
-    chunk = max(1, ROW_BYTES // max(1, q_state.nbytes // (K * B)))
-    for lo in range(0, K * R, chunk):
-        hi = min(K * R, lo + chunk)
-        rows, c, n = _take(q_state, src[lo:hi]), cand[lo:hi], clen[lo:hi]
-        sc = first[src[lo:hi], c[:, 0]]
-        # Candidates are a few tokens long: score them one token at a time (the step kernel),
-        # since a short multi-token forward is padded to a whole chunk (128 tokens on big models).
-        for j in range(1, int(n.max())):
-            step, rows = model(c[:, j - 1 : j], rows)
-            lp = torch.log_softmax(step[:, -1].float(), -1).gather(1, c[:, j : j + 1]).squeeze(1)
-            sc = sc + torch.where(j < n, lp, torch.zeros_like(lp))
-        scores[lo:hi] = sc
-    greedy = _greedy_rows(model, first_logits[:B], _take(q_state, torch.arange(B, device=device)), greedy_tokens, stop_ids)
-    out, at = [], 0
+    first = torch.log_softmax(first_logits.float(), -1)  # [KB, V]
+    truth = [list(candidate_ids[r % B][answer_index[r % B]]) for r in range(rows)]
+    # Along each row's true answer: lp[j] is the distribution before truth[j] (j <= L: the
+    # last one is after the whole answer, where the greedy answer goes on).
+    along: list[Tensor] = [first[r : r + 1] for r in range(rows)]
+    for r, lp in _paths(model, q_state, range(rows), truth, stop):
+        along[r] = torch.cat([along[r], lp])
+    scores = [[math.nan] * len(candidate_ids[r % B]) for r in range(rows)]
+    rest: list[tuple[int, int]] = []  # (row, candidate) still to read
+    bounds: dict[tuple[int, int], float] = {}
+    for r in range(rows):
+        t, lp = truth[r], along[r]
+        prefix = _running(lp[torch.arange(len(t)), torch.tensor(t)].tolist())
+        best = prefix[-1]
+        for k, c in enumerate(candidate_ids[r % B]):
+            if k == answer_index[r % B]:
+                scores[r][k] = best
+                continue
+            j = next((i for i, (a, b) in enumerate(zip(c, t)) if a != b), None)  # where it leaves the path
+            if j is None:  # the same tokens as the answer (two spellings of one value)
+                scores[r][k] = best
+                continue
+            bound = prefix[j] + float(lp[j, c[j]])
+            if bound < best or len(c) == j + 1:
+                scores[r][k] = bound  # exact when it ends there; else a bound below the answer
+            else:
+                rest.append((r, k))
+                bounds[r, k] = bound
+
+    def read(items: list[tuple[int, int]]) -> None:
+        """Score these (row, candidate)s in full; rivals with the same tokens before their
+        last one (same row) share one read."""
+        paths: dict[tuple[int, tuple[int, ...]], list[tuple[int, int]]] = {}
+        for r, k in items:
+            paths.setdefault((r, tuple(candidate_ids[r % B][k][:-1])), []).append((r, k))
+        keys = list(paths)
+        for i, lp in _paths(model, q_state, [r for r, _ in keys], [list(p) for _, p in keys], stop):
+            for r, k in paths[keys[i]]:
+                c = candidate_ids[r % B][k]
+                scores[r][k] = _running([float(first[r, c[0]])] + lp[torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist())[-1]
+
+    if not (blank and blank_first_only):
+        read(rest)
+    else:
+        read([x for x in rest if x[0] < B])
+        # Blank rows: only "first or not" is wanted. Rivals are read best bound first, a few
+        # per row at a time, and a row stops at the first that outscores its answer.
+        queue = {r: sorted((x for x in rest if x[0] == r), key=lambda x: -bounds[x]) for r in range(B, rows)}
+        while any(queue.values()):
+            batch = [x for r in queue for x in queue[r][:FIRST_ONLY_STEP]]
+            for r in queue:
+                queue[r] = queue[r][FIRST_ONLY_STEP:]
+            read(batch)
+            for r in queue:
+                best = scores[r][answer_index[r % B]]
+                if any(x > best for x in scores[r] if not math.isnan(x)):
+                    queue[r] = []  # not first: its other rivals stay unread (NaN)
+    if stop is not None and stop():
+        raise Stopped
+    greedy = _greedy_along(model, q_state, along[:B], truth[:B], greedy_tokens, stop_ids)
+    out = []
     for b in range(B):
-        C, i = len(candidate_ids[b]), answer_index[b]
-        real, blank_sc = scores[at : at + C], scores[R + at : R + at + C]
-        at += C
+        i = answer_index[b]
+        real = torch.tensor(scores[b], dtype=torch.float64)
+        blank_sc = torch.tensor(scores[B + b], dtype=torch.float64) if blank else torch.full_like(real, math.nan)
         said = decode(greedy[b])
         exact = bool(re.match(re.escape(answers[b]) + r"(?![0-9A-Za-z])", said.strip()))
-        out.append(Answer(rank=_ranks(real, i), n_candidates=C, pick=int(real.argmax()), logp=float(real[i]),
+        out.append(Answer(rank=_ranks(real, i), n_candidates=len(real), pick=int(real.argmax()), logp=float(real[i]),
                           blank_logp=float(blank_sc[i]), blank_rank=_ranks(blank_sc, i) if blank else 0, greedy=said, exact=exact,
                           contains=answers[b] in said))
+    return out
+
+
+def _running(steps: Sequence[float]) -> list[float]:
+    """[0, s0, s0 + s1, ...] in float64, added in one order for the answer and its rivals."""
+    out = [0.0]
+    for x in steps:
+        out.append(out[-1] + x)
+    return out
+
+
+def _greedy_along(model: LaplaceModel, state: RecurrentState, along: Sequence[Tensor], truth: Sequence[Sequence[int]],
+                  budgets: Sequence[int], stop_ids: Sequence[int]) -> list[list[int]]:
+    """Greedy tokens per row of `state` (stopping at a stop id or the row's budget), taken
+    from the log-probs `along` each row's true answer while the argmax follows it; rows
+    that leave it (or outrun it) re-read their tokens in one call and step from there."""
+    stops = set(stop_ids)
+    out: list[list[int]] = [[] for _ in budgets]
+    going: list[int] = []
+    for b, (lp, t) in enumerate(zip(along, truth)):
+        done = budgets[b] <= 0
+        while not done:
+            n = len(out[b])
+            if n > len(t) or (n and out[b][-1] != t[n - 1]):  # off the path: the model must read on
+                going.append(b)
+                break
+            tok = int(lp[n].argmax())
+            if tok in stops:
+                break
+            out[b].append(tok)
+            done = len(out[b]) >= budgets[b]
+    if going:
+        device = model.embed.weight.device
+        logits, after = advance_rows(model, _take(state, torch.tensor(going, device=device)), [out[b] for b in going])
+        more = _greedy_rows(model, logits, after, [budgets[b] - len(out[b]) for b in going], stop_ids)
+        for b, m in zip(going, more):
+            out[b] += m
     return out
 
 
@@ -175,7 +299,8 @@ def _ranks(scores: Tensor, index: int) -> int:
 
 
 def _greedy_rows(model: LaplaceModel, logits: Tensor, state: RecurrentState, budgets: Sequence[int], stop_ids: Sequence[int]) -> list[list[int]]:
-    """Greedy tokens per row until a stop id or the row's budget; rows step together."""
+    """Greedy tokens per row until a stop id or the row's budget; rows step together.
+    `state` must be the caller's own (it is stepped in place)."""
     out: list[list[int]] = [[] for _ in budgets]
     live = [n > 0 for n in budgets]
     stops = set(stop_ids)
@@ -190,8 +315,7 @@ def _greedy_rows(model: LaplaceModel, logits: Tensor, state: RecurrentState, bud
                     live[b] = len(out[b]) < budgets[b]
         if not any(live):
             break
-        step, state = model(toks[:, None], state)
-        logits = step[:, -1]
+        logits = model.step_(toks, state)  # the lean decode step: `state` is ours (a fresh one), written in place
     return out
 
 

@@ -88,7 +88,8 @@ def counterfactual_trace(
     split = max(P, diff_at[-1] + model.config.conv_size)
     head_a = list(prefix_plant_a) + list(filler[: split - P])
     head_b = list(prefix_plant_b) + list(filler[: split - P])
-    _, state = model(torch.tensor([head_a, head_b], dtype=torch.long, device=device), model.new_state(2))
+    # last_only: only the states are wanted, not a vocabulary's logits at every position.
+    _, state = model(torch.tensor([head_a, head_b], dtype=torch.long, device=device), model.new_state(2), last_only=True)
     d0 = _frob(state)  # [L, H]
     pos, g_sum = split - P, torch.zeros(model.config.n_heads, dtype=torch.float64)
     rows, ok, checked, worst = [], True, 0, 0.0
@@ -100,7 +101,7 @@ def counterfactual_trace(
         for start in range(pos, d, SEGMENT):
             seg = torch.tensor([list(filler[start : min(d, start + SEGMENT)])] * 2, dtype=torch.long, device=device)
             with capture_decays(model) as rec:
-                _, state = model(seg, state)
+                _, state = model(seg, state, last_only=True)
             g_sum += rec.take()[0, 0].double().sum(dim=0)  # layer 0, row 0 ([T, H] -> [H])
         pos = d
         norms = _frob(state)
@@ -121,7 +122,11 @@ def counterfactual_trace(
     return {
         "initial_diff": [[round6(x) for x in r] for r in d0.tolist()],
         "rows": rows,
-        "self_test": {"passed": ok and checked > 0, "checked": checked, "worst_rel_error": round6(worst), "rtol": SELF_TEST_RTOL},
+        # No check at all (None, not a failure): layer 0 carried no difference to follow, as
+        # on a window model whose GLA state takes the planted value only once it leaves the
+        # window, or when no distance reached past the conv window.
+        "self_test": {"passed": (ok if checked else None), "checked": checked, "worst_rel_error": round6(worst),
+                      "rtol": SELF_TEST_RTOL},
     }
 
 

@@ -18,17 +18,19 @@ import torch
 from agent.runtime.checkpoint import LoadedModel
 
 from agent.probes import text
-from agent.probes.engine import Answer, advance_rows, ask_rows
+from agent.probes.engine import SEGMENT, Answer, Stopped, advance_rows, ask_rows
 from agent.probes.fillers import Filler, Piece, make_filler
 from agent.probes.ledger import counterfactual_trace, resume_check, retention_ledger
 from agent.recall.decays import capture_decays
 from agent.recall.horizon import recall_horizon
 from agent.recall.rule import BLOCK_ROLE, DEFAULT_BUDGET, Candidate, Recalled, block_budget, build_block
-from agent.probes.suites import REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
+from agent.probes.suites import N_CANDIDATES, REFRESH_MODES, Deadline, Plan, Speed, Suite, plan_suite
 from agent.probes.tasks import PromptBuilder, Sample, build_sample, candidates, parse_probe
 
 Log = Callable[[str], None]
-WARMUP_ROWS = 8  # the warm-up batches this many rows; estimates scale linearly from it
+WARMUP_TOKENS = 128  # filler tokens the warm-up times
+WARMUP_ROWS = 8  # a second warm-up batches up to this many rows, when the first was cheap
+WARMUP_SHARE = 0.05  # ... that is, when it would take at most this share of the budget
 
 
 @dataclass
@@ -77,59 +79,92 @@ class SuiteRunner:
         self.seed = seed
         self.log = log or (lambda _m: None)
         self.stop_ids = loaded.template.stop_ids(loaded.tokenizer)
+        self.n_candidates = N_CANDIDATES
 
     # ---- warm-up ----------------------------------------------------------------------
 
-    def warmup(self, filler: Filler, rows: int) -> Speed:
-        """Time filler tokens and one question on `rows` batch rows, after an untimed pass
-        (allocations, caches)."""
+    def warmup(self, filler: Filler, deadline: Deadline, rows: int = 1) -> Speed | None:
+        """Time `rows` batch rows: filler tokens, and a question with its blank control,
+        after an untimed short pass (allocations, caches). The rows have read no plant, so
+        the question is answered at chance: the most a question can cost (a state that
+        remembers lets most distractors go unread), and the plan is pessimistic. None when
+        the deadline passes first."""
         t0 = time.perf_counter()
         rng = text.rng_of(self.seed, "warmup")
         samples = [build_sample("passkey", rng, self.prompts, t) for t in range(rows)]
         cands = self._candidates(samples, [rng] * rows)
-        ids = filler.tokens(256, rng)
-        blank = self._ask(self.model.new_state(rows), samples, cands)
-        advance_rows(self.model, self.model.new_state(rows), [ids[:64]] * rows)
+        ids = filler.tokens(WARMUP_TOKENS, rng)
+        advance_rows(self.model, self.model.new_state(rows), [ids[:32]] * rows)
         t1 = time.perf_counter()
         _, state = advance_rows(self.model, self.model.new_state(rows), [ids] * rows)
         t2 = time.perf_counter()
-        self._ask(state, samples, cands, blank)
+        if deadline.passed():
+            return None
+        try:
+            self._ask(state, samples, cands, deadline=deadline)
+        except Stopped:
+            return None
         t3 = time.perf_counter()
-        self._ask(state, samples, cands)
-        t4 = time.perf_counter()
-        return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=t3 - t2, s_per_blank=max(0.0, (t4 - t3) - (t3 - t2)),
-                     warmup_s=t4 - t0, rows=rows)
+        # The blank control is about half of that question's work (the same question on a
+        # blank state beside it).
+        return Speed(s_per_token=(t2 - t1) / len(ids), s_per_ask=(t3 - t2) / 2, s_per_blank=(t3 - t2) / 2,
+                     warmup_s=t3 - t0, rows=rows)
+
+    def _speed(self, filler: Filler, deadline: Deadline, budget_s: float, trials: int) -> Speed | None:
+        """One row timed; then, when that was cheap enough (a small model, whose cost is
+        mostly per call rather than per row), as many rows as a sweep batches, so the
+        estimate is not scaled up from one row."""
+        one = self.warmup(filler, deadline)
+        rows = min(trials, WARMUP_ROWS)
+        if one is None or rows <= 1 or one.warmup_s * rows > WARMUP_SHARE * budget_s:
+            return one
+        more = self.warmup(filler, deadline, rows)
+        return one if more is None else replace(more, warmup_s=one.warmup_s + more.warmup_s)
 
     # ---- asking -----------------------------------------------------------------------
 
     def _candidates(self, samples: list[Sample], rngs: list) -> list[list[str]]:  # type: ignore[type-arg]
-        return [candidates(s, r, self.prompts) for s, r in zip(samples, rngs)]
+        return [candidates(s, r, self.prompts, self.n_candidates) for s, r in zip(samples, rngs)]
 
-    def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None) -> list[Answer]:  # type: ignore[no-untyped-def]
-        """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given."""
+    def _ask(self, state, samples: list[Sample], cands: list[list[str]], blank: list[Answer] | None = None,  # type: ignore[no-untyped-def]
+             deadline: Deadline | None = None) -> list[Answer]:
+        """Ask row b of `state` about samples[b] among cands[b]; reuse `blank` controls if given.
+        Raises `Stopped` when `deadline` passes part-way."""
         ids = [[self.prompts.answer_ids(c) for c in cs] for cs in cands]
+        # Greedy: the answer's tokens and one more, which shows whether the answer ends
+        # there (`exact`); a model that says it takes no call beyond the true answer's.
         answers = ask_rows(self.model, state, [s.question for s in samples], ids,
                            [cs.index(s.answer) for cs, s in zip(cands, samples)], decode=self.loaded.tokenizer.decode,
-                           answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 2 for i in ids],
-                           stop_ids=self.stop_ids, blank=blank is None)
+                           answers=[s.answer for s in samples], greedy_tokens=[len(i[0]) + 1 for i in ids],
+                           stop_ids=self.stop_ids, blank=blank is None, stop=None if deadline is None else deadline.passed,
+                           blank_first_only=True)  # the report keeps only "the blank ranks it first"
         if blank is not None:
             answers = [replace(a, blank_logp=b.blank_logp, blank_rank=b.blank_rank) for a, b in zip(answers, blank)]
         return answers
 
     # ---- the sweep --------------------------------------------------------------------
 
-    def run(self, suite: Suite, *, budget_s: float | None = None) -> Outcome:
-        start = time.perf_counter()
+    def run(self, suite: Suite, *, budget_s: float | None = None, started: float | None = None) -> Outcome:
+        """The sweep, then the state metrics. With a budget, everything from `started` (the
+        caller's clock when the command began; default now) counts against it: the warm-up
+        that plans the sweep, the sweep, the state metrics. Whatever the deadline cuts is
+        listed as skipped; what was measured before it is kept."""
+        start = time.perf_counter() if started is None else started
+        self.n_candidates = suite.candidates
+        deadline = Deadline(budget_s, start)
         filler_objs = {f: make_filler(f, self.loaded.tokenizer, self.loaded.template) for f in suite.fillers}
         for p in suite.probes:
             parse_probe(p)
-        speed = self.warmup(next(iter(filler_objs.values())), min(suite.trials, WARMUP_ROWS)) if budget_s is not None else None
+        speed = None
+        if budget_s is not None:
+            speed = self._speed(next(iter(filler_objs.values())), deadline, budget_s, suite.trials)
+            if speed is not None:
+                self.log(f"warm-up: {speed.warmup_s:.1f} s")
         if speed is not None and self.refresh != "off":  # each distance is asked twice
             speed = replace(speed, s_per_ask=2 * speed.s_per_ask)
-        plan = plan_suite(suite, budget_s, speed)
+        plan = plan_suite(suite, budget_s, speed, spent_s=time.perf_counter() - start)
         s = plan.suite
         out = Outcome(s, self.seed, self.style, skipped=list(plan.skipped), plan=plan)
-        deadline = Deadline(budget_s, start)
         distances = sorted(set(s.distances))
         for fname in s.fillers:
             for probe in s.probes:
@@ -148,6 +183,8 @@ class SuiteRunner:
                deadline: Deadline, ledger: bool) -> None:
         """All trials of one (probe, filler) as batch rows: the plant, then one pass over
         the filler, asking every row at each distance. Row 0 feeds the retention ledger."""
+        if deadline.passed():
+            return
         trials = range(s.trials)
         samples = [build_sample(probe, _stream_rng(self.seed, s.name, probe, filler.name, t), self.prompts, t) for t in trials]
         made = [filler.pieces(distances[-1], text.rng_of(self.seed, s.name, filler.name, "filler", t)) for t in trials]
@@ -160,23 +197,34 @@ class SuiteRunner:
         pos, decays, blank = 0, [], None
         for d in distances:
             if deadline.passed():
-                return
-            if d > pos:
+                break
+            # The filler in pieces of at most SEGMENT tokens, the deadline checked between
+            # them: a long stretch never runs far past it.
+            while pos < d and not deadline.passed():
+                end = min(d, pos + SEGMENT)
                 if ledger:
                     with capture_decays(self.model) as rec:
-                        _, state = advance_rows(self.model, state, [f[pos:d] for f in fills])
+                        _, state = advance_rows(self.model, state, [f[pos:end] for f in fills])
                     decays.append(rec.take()[:, 0])
                 else:
-                    _, state = advance_rows(self.model, state, [f[pos:d] for f in fills])
-                pos = d
-            answers = self._ask(state, samples, cands, blank)
+                    _, state = advance_rows(self.model, state, [f[pos:end] for f in fills])
+                pos = end
+            if pos < d or deadline.passed():  # the filler took the time: no question at this distance
+                break
+            try:
+                answers = self._ask(state, samples, cands, blank, deadline)
+            except Stopped:  # the deadline came part-way through this question: it is not kept
+                break
             blank = blank or answers
             self._store(out, probe, filler.name, d, samples, cands, answers)
-            if self.refresh != "off":
+            if self.refresh != "off" and not deadline.passed():
                 blocks = [self._recall_block(x, p, d) for x, p in zip(samples, pieces)]
                 if any(ids for ids, _ in blocks):  # rows without a block keep their state exactly
                     _, refreshed = advance_rows(self.model, state, [ids for ids, _ in blocks])
-                    answers = self._ask(refreshed, samples, cands, blank)
+                    try:
+                        answers = self._ask(refreshed, samples, cands, blank, deadline)
+                    except Stopped:
+                        break
                 name = probe + REFRESH_SUFFIX
                 self._store(out, name, filler.name, d, samples, cands, answers)
                 out.blocks.setdefault((name, filler.name, d), []).extend((hit, len(ids)) for ids, hit in blocks)
@@ -209,6 +257,9 @@ class SuiteRunner:
             if out.trace is None:
                 out.skipped.append({"probe": "trace", "filler": filler.name, "distance": "*", "what": "state metric",
                                     "reason": "no counterfactual value of the same token length"})
+        if deadline.passed():
+            out.skipped.append({"probe": "resume", "filler": filler.name, "distance": "*", "what": "state metric", "reason": "deadline"})
+            return
         ids = sample.prefix + sample.plant + fill[:256] + sample.question
         out.resume = resume_check(self.model, ids, self.loaded.fingerprint)
 
@@ -257,9 +308,9 @@ def recall_block(loaded: LoadedModel, asked: str, said: Sequence[tuple[str, str,
 
 def run_suite(loaded: LoadedModel, suite: Suite, *, budget_s: float | None = None, seed: int = 0,
               style: str = "completion", log: Log | None = None, refresh: str = "off",
-              refresh_tokens: int = DEFAULT_BUDGET, refresh_horizon: int = 0) -> Outcome:
+              refresh_tokens: int = DEFAULT_BUDGET, refresh_horizon: int = 0, started: float | None = None) -> Outcome:
     """Run `suite` on a loaded model (see `report.build_report` for the JSON). With `refresh`
     on or both, every cell is also asked after the recall block chat would fold (rows
     named PROBE+refresh)."""
     return SuiteRunner(loaded, style=style, seed=seed, log=log, refresh=refresh, refresh_tokens=refresh_tokens,
-                       refresh_horizon=refresh_horizon).run(suite, budget_s=budget_s)
+                       refresh_horizon=refresh_horizon).run(suite, budget_s=budget_s, started=started)

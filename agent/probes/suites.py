@@ -4,8 +4,10 @@ A suite is a grid: probes x fillers x distances x trials. With a budget, a short
 measures this model's speed on this machine and the planner shrinks the grid until its
 estimate fits: first fewer trials (down to a floor), then the largest distances, then the
 last probes and fillers. Everything it drops is listed with the reason. At run time a
-deadline stops any stream that would still overrun, so a run ends within its budget plus
-about one warm-up.
+deadline, checked before every question and every filler segment, stops what would still
+overrun, so a run ends within its budget plus about one question. The warm-up (one row:
+a filler stretch and one question at chance, the dearest kind) counts against the budget
+too, and the deadline cuts it as well.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ SUITE_NAMES = ("smoke", "quick", "standard", "full", "refresh")
 MIN_TRIALS = 4
 PLAN_SAFETY = 0.85  # plan to 85% of what is left: estimates from one warm-up are rough
 REFRESH_MODES = ("off", "on", "both")  # recall refresh measured: without, with, or both side by side
+N_CANDIDATES = 20  # the forced choice's size unless a suite says otherwise
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class Suite:
     default_budget_s: float | None = None
     # Recall refresh measured by default (off | on | both); `--refresh` overrides it.
     refresh: str = "off"
+    # Values in each forced choice (the answer and distractors of its token length). A
+    # question asked at chance reads nearly all of them, one state copy each.
+    candidates: int = N_CANDIDATES
 
 
 def _pow2(top: int) -> tuple[int, ...]:
@@ -43,7 +49,11 @@ def _pow2(top: int) -> tuple[int, ...]:
 
 
 SUITES: dict[str, Suite] = {
-    "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("noise", "grammar"), (0, 64, 256), 4),
+    # smoke: every probe kind, inside the default model's 256-token window and past it, on
+    # one filler, in a 10-way choice: about a minute on the default model. Its cost is the
+    # questions asked at chance (past the window, and every blank control), each reading
+    # nearly every candidate on its own copy of a 21 MB state.
+    "smoke": Suite("smoke", ("passkey", "multikey-4", "update", "order"), ("grammar",), (0, 64, 256), 4, candidates=10),
     "quick": Suite("quick", ("passkey", "multikey-4", "multikey-16", "update", "order"), ("noise", "grammar", "chat", "logs"),
                    _pow2(1024), 8, default_budget_s=45.0),
     "standard": Suite("standard", ("passkey", "multikey-4", "multikey-16", "multikey-64", "update", "order"),
@@ -100,11 +110,13 @@ def estimate(suite: Suite, speed: Speed) -> float:
     return groups * per_group + trace + speed.s_per_ask / speed.rows
 
 
-def plan_suite(suite: Suite, budget_s: float | None, speed: Speed | None) -> Plan:
-    """Shrink `suite` until its estimate fits what is left of the budget after the warm-up."""
+def plan_suite(suite: Suite, budget_s: float | None, speed: Speed | None, spent_s: float | None = None) -> Plan:
+    """Shrink `suite` until its estimate fits what is left of the budget: after `spent_s`
+    seconds already gone (model load, warm-up; default the warm-up's own time)."""
     if budget_s is None or speed is None:
         return Plan(suite, budget_s)
-    avail = max(0.0, (budget_s - speed.warmup_s) * PLAN_SAFETY)
+    spent = speed.warmup_s if spent_s is None else spent_s
+    avail = max(0.0, (budget_s - spent) * PLAN_SAFETY)
     skipped: list[dict] = []
     s = suite
     while estimate(s, speed) > avail:

@@ -17,10 +17,10 @@ from agent.runtime.templates import AnyTemplate, SegmentTemplate
 from agent.runtime.tokenizer import Tokenizer
 
 from agent.probes import text
+from agent.probes.suites import N_CANDIDATES
 
 PROBE_KINDS = ("passkey", "multikey", "update", "order")
 STYLES = ("completion", "chat")
-N_CANDIDATES = 20
 
 
 def default_style(tok: Tokenizer, template: AnyTemplate) -> str:

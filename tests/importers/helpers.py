@@ -6,7 +6,9 @@ a conversion that drops or misplaces any tensor changes the logits.
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -98,3 +100,37 @@ def llamba_checkpoint(root: Path, *, seed: int = 0, **shape: int) -> dict[str, t
     (root / "config.json").write_text(json.dumps(config))
     write_tokenizer(root)
     return tensors
+
+
+class RangeServer:
+    """Serves one blob on 127.0.0.1 with HTTP Range support, and records what it was asked;
+    `cut_after` drops the connection part-way once, `extra` bytes follow the blob (a body
+    longer than the file pinned)."""
+
+    def __init__(self, blob: bytes, *, cut_after: int | None = None, extra: bytes = b"") -> None:
+        self.blob, self.cut_after, self.extra, self.ranges = blob, cut_after, extra, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                rng = self.headers.get("Range")
+                server.ranges.append(rng)
+                start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+                body = server.blob[start:] + server.extra
+                self.send_response(206 if rng else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if server.cut_after is not None:  # the connection drops part-way, once
+                    body, server.cut_after = body[: server.cut_after], None
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/llm_fake-0.1-py3-none-any.whl"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -7,10 +7,8 @@ Everything is served from 127.0.0.1 or a file:// URL: a tiny random Llama GGUF i
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import re
-import threading
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -26,41 +24,10 @@ from agent.importers.default_model import DefaultModelError, Teacher, assemble
 from agent.importers.download import DownloadError, download
 from agent.runtime.checkpoint import load_model_dir
 
+from .helpers import RangeServer as _Server
 from .llama_helpers import llama_gguf
 
 MEMBER = "llm_fake/tiny.gguf"
-
-
-class _Server:
-    """Serves one blob with HTTP Range support, and records what it was asked."""
-
-    def __init__(self, blob: bytes, *, cut_after: int | None = None) -> None:
-        self.blob, self.cut_after, self.ranges = blob, cut_after, []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                rng = self.headers.get("Range")
-                server.ranges.append(rng)
-                start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-                body = server.blob[start:]
-                self.send_response(206 if rng else 200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if server.cut_after is not None:  # the connection drops part-way, once
-                    body, server.cut_after = body[: server.cut_after], None
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/llm_fake-0.1-py3-none-any.whl"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture(scope="module")

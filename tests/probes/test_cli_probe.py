@@ -31,7 +31,7 @@ def test_run_smoke_writes_json_plot_and_a_probe_run(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     r = _invoke(tmp_path, "run", "-m", "tiny", "--suite", "smoke", "--threads", "1", "--json", str(out), "--plot", str(png))
     assert r.exit_code == 0, r.output
-    assert "passkey / noise" in r.output and "stored probe run" in r.output
+    assert "passkey / grammar" in r.output and "stored probe run" in r.output
     report = json.loads(out.read_text())
     assert report["schema_version"] == 1 and report["suite"]["name"] == "smoke"
     # No --style given: the model's chat template picks chat prompts (completion prompts

@@ -111,3 +111,13 @@ def test_batched_rows_of_different_lengths_answer_as_if_asked_alone(random_tiny)
                     greedy_tokens=6)
         assert (got.rank, got.blank_rank, got.pick, got.greedy) == (alone.rank, alone.blank_rank, alone.pick, alone.greedy)
         assert got.logp == pytest.approx(alone.logp, abs=1e-3) and got.blank_logp == pytest.approx(alone.blank_logp, abs=1e-3)
+
+
+def test_counterfactual_with_nothing_to_check_says_so_rather_than_failing(random_tiny):
+    lm, m = random_tiny, random_tiny.model
+    pb, s, fill = _setup(lm)
+    other = "12345" if s.answer != "12345" else "54321"
+    a = s.prefix + s.plant
+    b = s.prefix + pb.statement(f"The code for the {s.key} is {other}.")
+    tr = counterfactual_trace(m, a, b, fill, [0], s.question, pb.answer_ids(s.answer))  # only inside the conv window
+    assert tr["self_test"]["checked"] == 0 and tr["self_test"]["passed"] is None

@@ -135,3 +135,14 @@ def test_passkey_cells_break_exact_recall_down_by_value_kind(mini_report):
         assert min(per.values()) <= c["exact"] <= max(per.values())
     # update uses 5-digit values only: nothing to break down.
     assert all("exact_by_kind" not in c for c in mini_report["cells"] if c["probe"] == "update")
+
+
+def test_a_self_test_with_nothing_to_check_is_not_a_failure(mini_report):
+    # A window model at smoke's distances: its layer-0 GLA state never held the planted value.
+    quiet = copy.deepcopy(mini_report)
+    quiet["state_metrics"]["trace"]["self_test"].update(passed=None, checked=0)
+    regs, _ = compare(mini_report, quiet)
+    assert not any("self-test" in r for r in regs)
+    failed = copy.deepcopy(mini_report)
+    failed["state_metrics"]["trace"]["self_test"].update(passed=False)
+    assert any("self-test" in r for r in compare(mini_report, failed)[0])
