@@ -18,6 +18,14 @@ from agent.runtime.gla import gla_chunked, gla_step, gla_step_
 StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
 
 
+def recurrent_state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
+    """The state of a conv + GLA-style mixer (gla and ssd): the [B, H, K, V] matrix state and
+    the short conv's [B, conv_dim, W] cache, both fp32 whatever the weights' dtype."""
+    c = config
+    return {"gla": ((batch, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
+            "conv": ((batch, c.conv_dim, c.conv_size), "float32")}
+
+
 def f32(t: Tensor) -> Tensor:
     """`t` as fp32, with no dispatch when it already is (a decode step makes many such calls)."""
     return t if t.dtype == torch.float32 else t.float()

@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import GLU, RMSNorm, ShortConv, StateSpec, conv_activation, mask_padding, run_gla, run_gla_step_
+from agent.runtime.layers import GLU, recurrent_state_spec, RMSNorm, ShortConv, StateSpec, conv_activation, mask_padding, run_gla, run_gla_step_
 from agent.runtime.ssd import SSDMixer
 from agent.runtime.window import WindowAttention
+
 
 class GLAAttention(nn.Module):
     """conv + SiLU -> q, k, v and a per-head scalar decay -> Simple GLA -> head norm -> gate -> o."""
@@ -41,9 +42,7 @@ class GLAAttention(nn.Module):
 
     @staticmethod
     def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
-        c = config
-        return {"gla": ((batch, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
-                "conv": ((batch, c.conv_dim, c.conv_size), "float32")}
+        return recurrent_state_spec(config, batch)
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.layers import GLU, ShortConv, StateSpec, conv_activation, f32, gated_rmsnorm, init_ffn, mask_padding, run_gla, run_gla_step_
+from agent.runtime.layers import GLU, recurrent_state_spec, ShortConv, StateSpec, conv_activation, f32, gated_rmsnorm, init_ffn, mask_padding, run_gla, run_gla_step_
 
 
 class SSDMixer(nn.Module):
@@ -39,9 +39,7 @@ class SSDMixer(nn.Module):
 
     @staticmethod
     def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
-        c = config
-        return {"gla": ((batch, c.n_heads, c.head_k_dim, c.head_v_dim), "float32"),
-                "conv": ((batch, c.conv_dim, c.conv_size), "float32")}
+        return recurrent_state_spec(config, batch)
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
