@@ -99,8 +99,12 @@ class LaplaceModel(nn.Module):
         *,
         lengths: Tensor | None = None,
         last_only: bool = False,
+        head: bool = True,
     ) -> tuple[Tensor, RecurrentState]:
         """input_ids [B, T] -> (logits [B, T, vocab] or [B, 1, vocab] with `last_only`, new state).
+        With `head=False` the first item is the last block's output [B, T, d_model] instead, so
+        a trainer can apply `self.head` a chunk at a time (the full [B, T, vocab] logits of a
+        49k vocabulary are the largest tensor a training step would otherwise hold).
 
         `lengths` [B] marks how many leading tokens of each row are real; padded positions
         leave the state exactly as it was (used for fixed-shape buckets). The input state
@@ -121,8 +125,8 @@ class LaplaceModel(nn.Module):
                 x = x[:, -1:]
             else:
                 x = x.gather(1, (lengths - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, x.shape[-1]))
-        logits = self.head(x)
-        return logits, state.advanced({name: torch.stack(ts) for name, ts in new.items()}, T if lengths is None else lengths)
+        out = self.head(x) if head else x
+        return out, state.advanced({name: torch.stack(ts) for name, ts in new.items()}, T if lengths is None else lengths)
 
     def head(self, x: Tensor) -> Tensor:
         """The final norm and the LM head (the tied embedding's matrix, or int8's Linear)."""

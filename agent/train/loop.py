@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint as recompute
 
 from agent.runtime.checkpoint import LoadedModel, load_model, load_model_dir, save_model_dir
 from agent.runtime.delta import read_delta, write_delta
@@ -33,7 +34,7 @@ from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
-from agent.train.memory import FIT_MARGIN, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_run, fit_advice
+from agent.train.memory import FIT_MARGIN, LOSS_CHUNK, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_run, fit_advice
 from agent.train.lora import LoRALinear, attach_lora, load_lora_delta, lora_delta, merged_state_dict
 from agent.train.optim import ParamSplit, build_optimizers, lr_factor, set_learning_rates, split_parameters
 
@@ -242,9 +243,28 @@ class Trainer:
         `train_step` normalizes the sum by the step's trained tokens, `evaluate` by the split's.
         """
         state = self.initial.expand(inputs.shape[0]) if self.initial is not None else None
+        labels = labels.to(self.device)
+        if self.info.world > 1 or not torch.is_grad_enabled():
+            # FSDP2 unshards the root's parameters (the head's) only around forward(); an
+            # evaluation keeps no graph, so the whole logits are freed at once anyway.
+            with self.autocast():
+                logits, _ = self.model(inputs.to(self.device), state)
+            return _cross_entropy_sum(logits, labels)
         with self.autocast():
-            logits, _ = self.model(inputs.to(self.device), state)
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.to(self.device).flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+            hidden, _ = self.model(inputs.to(self.device), state, head=False)
+        # The logits a LOSS_CHUNK of positions at a time, rebuilt in backward: the full
+        # [B, T, vocab] logits, their log-softmax and grads would be ~0.8 GB per 1,024-token
+        # row on a 49k vocabulary; a chunk's are a quarter of that, and only one lives at once.
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for t0 in range(0, hidden.shape[1], LOSS_CHUNK):
+            total = total + recompute(self._chunk_loss, hidden[:, t0 : t0 + LOSS_CHUNK],
+                                       labels[:, t0 : t0 + LOSS_CHUNK], use_reentrant=False)
+        return total
+
+    def _chunk_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            logits = self.model.head(hidden)
+        return _cross_entropy_sum(logits, labels)
 
     def train_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -424,3 +444,9 @@ class Trainer:
 def train(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
     """Run one fine-tune (see `Trainer`); returns its summary."""
     return Trainer(cfg, **kwargs).run()
+
+
+def _cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed fp32 cross-entropy of logits [B, T, vocab] against labels [B, T] over the trained
+    (non-ignored) positions."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")

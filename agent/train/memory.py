@@ -33,8 +33,9 @@ from torch.utils.checkpoint import checkpoint
 SCORE_COPIES = 8
 WIDTH_COPIES = 4
 RUNTIME_BYTES = 450 * 2**20  # python + torch + tokenizer, before any weight (measured ~400-500 MB)
+LOSS_CHUNK = 256  # positions whose logits exist at once in a training step's loss (Trainer.loss_sum)
 FIT_MARGIN = 0.9  # use at most this share of the available memory
-ACTIVATION_BUDGET = 1536 * 2**20  # the default micro-batch keeps one pass's activations + logits under this
+ACTIVATION_BUDGET = 1024 * 2**20  # the default micro-batch keeps one pass's activations + logits under this
 
 
 def enable_recompute(model: nn.Module) -> int:
@@ -97,7 +98,9 @@ def estimate_peak_bytes(config: Any, *, n_params: int, trainable: int, muon: int
         act = tokens * (c.n_layers * 4 * c.d_model + 2 * per_layer_token)
     else:
         act = tokens * c.n_layers * per_layer_token
-    logits = tokens * c.vocab_size * 4 * 4  # logits, log-softmax, and their two grads
+    # logits, log-softmax and their two grads, for at most LOSS_CHUNK positions a row at once
+    # (the trainer's chunked loss, agent/train/loop.py)
+    logits = micro * min(seq_len, LOSS_CHUNK) * c.vocab_size * 4 * 4
     adamw = trainable - muon
     return MemoryEstimate(weights=4 * (n_params + extra_weights), grads=4 * trainable, optimizer=4 * (muon + 2 * adamw),
                           activations=act, logits=logits)

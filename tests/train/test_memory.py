@@ -163,3 +163,22 @@ def test_laplace_bench_passes_the_users_models_dir(tmp_path: Path) -> None:
 
     res = json.loads(out.read_text())["results"]["finetune-memory"]
     assert str(Settings.from_env().models_dir) in res["skipped"]  # the test home has no default model built
+
+
+def test_the_chunked_loss_equals_the_whole_logits_loss(tmp_path: Path, text_dir: Path, monkeypatch) -> None:
+    """The training loss is taken LOSS_CHUNK positions at a time with the logits rebuilt in
+    backward: the same sum and the same gradients as one cross-entropy over all logits."""
+    monkeypatch.setattr("agent.train.loop.LOSS_CHUNK", 7)  # 30 positions: chunks of 7, 7, 7, 7, 2
+    t = Trainer(TrainConfig(data=(str(text_dir),), out=str(tmp_path / "o"), base="tiny", steps=1, seq_len=32, batch_tokens=64))
+    t._setup()
+    inputs, labels = t.data.rows([0, 1])
+    inputs, labels = inputs[:, :30], labels[:, :30].clone()
+    labels[0, 3] = -100  # an ignored position inside a chunk
+    chunked = t.loss_sum(inputs, labels)
+    g_chunked = torch.autograd.grad(chunked, [p for p in t.model.parameters() if p.requires_grad])
+    logits, _ = t.model(inputs)
+    whole = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    g_whole = torch.autograd.grad(whole, [p for p in t.model.parameters() if p.requires_grad])
+    assert torch.allclose(chunked, whole, rtol=1e-5)
+    for a, b in zip(g_chunked, g_whole):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
