@@ -1,12 +1,22 @@
 """int8 weight-only inference on CPU: every matmul's weight is int8, the tied LM head's too.
 
-- Every nn.Linear becomes a dynamically quantized int8 Linear (weights per output channel,
-  symmetric; activations quantized per call; int8 GEMM in fbgemm/x86).
+- Every nn.Linear becomes an `Int8Linear`: int8 weights with one fp32 scale per output
+  channel (symmetric), multiplied by fp32 activations (`torch._weight_int8pack_mm`: the
+  int8 rows are widened in registers, so a decode step streams 1 byte per weight).
 - A tied LM head (Mamba-2 checkpoints read the input embedding as the head, which is no
   nn.Linear) becomes such a Linear too, built from the embedding's weight: it is the
   largest single matmul of a small model (50k x 768 at Mamba-2-130M's shape).
 - The embedding table becomes int8 rows with one fp32 scale each (`Int8Embedding`): a
   step reads one row of it, but an fp32 table would still hold 4 bytes per weight in memory.
+
+Why the activations stay fp32 (issue 35): the first scheme quantized each Linear's input
+per token with one scale (fbgemm dynamic int8). The default model (SmolLM2-135M) has
+per-channel activation outliers (a down_proj input's largest channel ~10x its median), so
+one scale per token rounds the ordinary channels away: held-out perplexity rose 89%
+(29.99 -> 56.64). SmoothQuant (alpha 0.5, calibrated on README prose) recovered only
+part of it (+37%); int8 weights with fp32 activations cost +0.38% (top-1 agreement
+95.2%) on the bench's held-out text. `laplace bench dtype`
+measures both sides.
 
 Norms, conv, decay gates and the GLA state stay fp32. A 1B-parameter model's fp32 decode
 reads ~5.6 GB of weights per token; int8 reads a quarter of that, and `laplace bench
@@ -21,20 +31,19 @@ tensor by tensor, so a quantized model never exists in fp32 first.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.ao.nn.quantized import dynamic as nnqd
 
 QUANT_MODES = ("int8",)
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
 
 
 def check_int8_kernels() -> None:
-    if not {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
-        raise ValueError("this torch build has no x86/fbgemm int8 kernels; run without LAPLACE_DTYPE=int8")
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        raise ValueError(f"torch {torch.__version__} has no int8 weight matmul (_weight_int8pack_mm); "
+                         "run without LAPLACE_DTYPE=int8 or upgrade torch")
 
 
 def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -50,21 +59,34 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def int8_linear(q: Tensor, scale: Tensor, bias: Tensor | None) -> nnqd.Linear:
-    """A dynamic int8 Linear from per-row int8 weights (out x in) and their scales."""
-    out_f, in_f = q.shape
-    # Built 1 x 1 and then given the real weight: the constructor's placeholder weight of
-    # the full shape would briefly cost out x in bytes more (262 MB for a 128k x 2048 head).
-    with warnings.catch_warnings():  # torch.ao announces quantized tensors' move to torchao
-        warnings.simplefilter("ignore")
-        m = nnqd.Linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
-        qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
-        m.set_weight_bias(qw, None if bias is None else bias.detach().float())
-    m.in_features, m.out_features = in_f, out_f
-    return m
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale[:, None]).T + bias with q int8 [out, in] and x fp32: the weight is
+    int8, the activations are not (see the module docstring for why)."""
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: Tensor) -> Tensor:
+        # The kernel takes a 2-D fp32 input whose dtype the scales share.
+        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).float().contiguous(), self.weight, self.scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def linear_to_int8(lin: nn.Linear) -> nnqd.Linear:
+def int8_linear(q: Tensor, scale: Tensor, bias: Tensor | None) -> Int8Linear:
+    """An int8-weight Linear from per-row int8 weights (out x in) and their scales."""
+    return Int8Linear(q, scale, bias)
+
+
+def linear_to_int8(lin: nn.Linear) -> Int8Linear:
     q, scale = quantize_rows(lin.weight.detach())
     return int8_linear(q, scale, lin.bias)
 
