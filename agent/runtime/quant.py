@@ -38,6 +38,12 @@ from torch import Tensor, nn
 
 QUANT_MODES = ("int8",)
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
+# From this many input rows on (a prefill, a scored segment) an Int8Linear widens its weight
+# to fp32 a block of rows at a time and runs BLAS's blocked GEMM: the widening reads the
+# weight once, which below ~16 rows costs more than it saves; _weight_int8pack_mm's CPU
+# kernel is a small register-tiled loop (4x4 tiles) made for few rows, far from a blocked
+# GEMM's rate over hundreds of rows.
+GEMM_ROWS = 16
 
 
 def check_int8_kernels() -> None:
@@ -72,7 +78,14 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # The kernel takes a 2-D fp32 input whose dtype the scales share.
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).float().contiguous(), self.weight, self.scale)
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        if x2.shape[0] < GEMM_ROWS:
+            y = torch._weight_int8pack_mm(x2, self.weight, self.scale)
+        else:
+            y = x2.new_empty(x2.shape[0], self.out_features)
+            for r in range(0, self.out_features, _ROWS):  # a 50k-row head widens 4096 rows at a time
+                w = self.weight[r : r + _ROWS].float().mul_(self.scale[r : r + _ROWS, None])
+                y[:, r : r + _ROWS] = x2 @ w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
