@@ -136,6 +136,15 @@ def quantize_int8_(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, linear_to_int8(child))
+    from agent.runtime.layers import fuse_linears_  # layers imports this module
+
+    for module in model.modules():
+        fused = module.__dict__.get("_fused", {})
+        for names in list(fused):
+            # A decode-layout model's fused fp32 matrix: replaced by the int8 one (so a step
+            # still runs q/k/v and gate/up as one matmul each), and freed.
+            del fused[names]
+            fuse_linears_(module, names)
     return model
 
 

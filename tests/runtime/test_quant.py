@@ -119,3 +119,34 @@ def test_int8_linear_gives_the_same_numbers_for_few_rows_and_many(monkeypatch: p
     torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(few, want, rtol=1e-5, atol=1e-5)
     assert (many - lin(x)).abs().max() > 0  # it really is int8
+
+
+@pytest.mark.parametrize("path", ["quantize", "load"])
+def test_int8_projections_fuse_for_decode_as_fp32_ones_do(path: str, tmp_path) -> None:
+    """A decode-layout int8 model runs q/k/v and gate/up as one int8 matmul each (quantized
+    from a fused fp32 model, whose fused fp32 matrix is then dropped, or read from a file),
+    with the numbers of the separate int8 Linears."""
+    from agent.runtime.checkpoint import load_model_dir, save_model_dir
+    from agent.runtime.layers import project
+    from agent.runtime.quant import Int8Linear
+    from tests.runtime.test_window import window_model
+
+    if path == "quantize":
+        from agent.runtime.layers import fuse_linears_
+
+        model = window_model()
+        for m in model.modules():
+            if hasattr(m, "FUSED"):
+                assert fuse_linears_(m, m.FUSED)
+        model = quantize_int8_(model)
+    else:
+        save_model_dir(load_model("tiny"), tmp_path / "m")
+        model = load_model_dir(tmp_path / "m", quant="int8", decode_layout=True).model
+    owners = [m for m in model.modules() if hasattr(m, "FUSED")]
+    assert owners
+    for m in owners:
+        fused, mods, _, _ = m.__dict__["_fused"][m.FUSED]
+        assert type(fused) is Int8Linear and all(type(getattr(m, n)) is Int8Linear for n in m.FUSED)
+        x = torch.randn(1, 3, fused.in_features)
+        for got, n in zip(project(m, m.FUSED, x), m.FUSED):
+            torch.testing.assert_close(got, getattr(m, n)(x), rtol=1e-5, atol=1e-5)
