@@ -1,8 +1,10 @@
 """int8 weight-only inference on CPU: every matmul's weight is int8, the tied LM head's too.
 
 - Every nn.Linear becomes an `Int8Linear`: int8 weights with one fp32 scale per output
-  channel (symmetric), multiplied by fp32 activations (`torch._weight_int8pack_mm`: the
-  int8 rows are widened in registers, so a decode step streams 1 byte per weight).
+  channel (symmetric). A decode step's row runs `torch._weight_int8pack_mm` (the int8 rows
+  widened in registers, so it streams 1 byte per weight; its input rounded to bf16, as the
+  kernel's vector loops want); a prefill's many rows widen the weight to fp32 a block at a
+  time for a BLAS GEMM. The activations are never int8.
 - A tied LM head (Mamba-2 checkpoints read the input embedding as the head, which is no
   nn.Linear) becomes such a Linear too, built from the embedding's weight: it is the
   largest single matmul of a small model (50k x 768 at Mamba-2-130M's shape).
@@ -14,9 +16,9 @@ per token with one scale (fbgemm dynamic int8). The default model (SmolLM2-135M)
 per-channel activation outliers (a down_proj input's largest channel ~10x its median), so
 one scale per token rounds the ordinary channels away: held-out perplexity rose 89%
 (29.99 -> 56.64). SmoothQuant (alpha 0.5, calibrated on README prose) recovered only
-part of it (+37%); int8 weights with fp32 activations cost +0.38% (top-1 agreement
-95.2%) on the bench's held-out text. `laplace bench dtype`
-measures both sides.
+part of it (+37%). These int8 weights cost +0.38% (top-1 agreement 95.2%, the text read
+as prefill segments) and +0.36% (95.4%) read through the decode form, on the bench's
+held-out text; `laplace bench dtype` measures it.
 
 Norms, conv, decay gates and the GLA state stay fp32. A 1B-parameter model's fp32 decode
 reads ~5.6 GB of weights per token; int8 reads a quarter of that, and `laplace bench
@@ -30,6 +32,7 @@ tensor by tensor, so a quantized model never exists in fp32 first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -65,6 +68,12 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+@functools.lru_cache(maxsize=64)
+def _ones_bf16(n: int) -> Tensor:
+    """The int8 kernel's scales argument when the real scales are applied after it."""
+    return torch.ones(n, dtype=torch.bfloat16)
+
+
 class Int8Linear(nn.Module):
     """y = x @ (q * scale[:, None]).T + bias with q int8 [out, in] and x fp32: the weight is
     int8, the activations are not (see the module docstring for why)."""
@@ -77,11 +86,21 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def forward(self, x: Tensor) -> Tensor:
-        # The kernel takes a 2-D fp32 input whose dtype the scales share.
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
-        if x2.shape[0] < GEMM_ROWS:
-            y = torch._weight_int8pack_mm(x2, self.weight, self.scale)
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] < GEMM_ROWS and self.in_features % 16 == 0:
+            # bf16 activations: the kernel's x86 AVX2/AVX-512 loops are written for bf16 only
+            # (its fp32 form is scalar code: no packed FMA in torch 2.13's libtorch_cpu). It
+            # sums in fp32 and rounds the sums to bf16; the scales are applied after, in fp32
+            # (bf16 scales doubled the perplexity cost on the default model: +0.79% vs +0.36%).
+            # Those loops step K by 16 with aligned loads: a K not a multiple of 16 reads past
+            # each row (garbage, or a crash from 2 rows on), so such a Linear takes the scalar form.
+            xb = x2.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)  # fresh: 64-byte aligned
+            y = torch._weight_int8pack_mm(xb, self.weight, _ones_bf16(self.out_features))
+            y = y.float().mul_(self.scale)
+        elif x2.shape[0] < GEMM_ROWS:
+            y = torch._weight_int8pack_mm(x2.float().contiguous(), self.weight, self.scale)
         else:
+            x2 = x2.float()
             y = x2.new_empty(x2.shape[0], self.out_features)
             for r in range(0, self.out_features, _ROWS):  # a 50k-row head widens 4096 rows at a time
                 w = self.weight[r : r + _ROWS].float().mul_(self.scale[r : r + _ROWS, None])
