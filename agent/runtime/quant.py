@@ -47,6 +47,7 @@ _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for an
 # kernel is a small register-tiled loop (4x4 tiles) made for few rows, far from a blocked
 # GEMM's rate over hundreds of rows.
 GEMM_ROWS = 16
+_GEMM_BLOCK = 1 << 22  # weights widened to fp32 at a time by that GEMM path (16 MB)
 
 
 def check_int8_kernels() -> None:
@@ -87,24 +88,26 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] < GEMM_ROWS and self.in_features % 16 == 0:
+        if x2.shape[0] < GEMM_ROWS and self.in_features % 16 == 0 and self.weight.data_ptr() % 16 == 0:
             # bf16 activations: the kernel's x86 AVX2/AVX-512 loops are written for bf16 only
             # (its fp32 form is scalar code: no packed FMA in torch 2.13's libtorch_cpu). It
             # sums in fp32 and rounds the sums to bf16; the scales are applied after, in fp32
             # (bf16 scales doubled the perplexity cost on the default model: +0.79% vs +0.36%).
             # Those loops step K by 16 with aligned loads: a K not a multiple of 16 reads past
-            # each row (garbage, or a crash from 2 rows on), so such a Linear takes the scalar form.
+            # each row (garbage, or a crash from 2 rows on), and its weight loads are 16-byte
+            # aligned ones, so such a Linear (or a view of a weight at an odd offset) takes the scalar form.
             xb = x2.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)  # fresh: 64-byte aligned
             y = torch._weight_int8pack_mm(xb, self.weight, _ones_bf16(self.out_features))
-            y = y.float().mul_(self.scale)
+            y = torch.mul(y, self.scale)  # bf16 x fp32: promoted, one op to an fp32 result
         elif x2.shape[0] < GEMM_ROWS:
             y = torch._weight_int8pack_mm(x2.float().contiguous(), self.weight, self.scale)
         else:
             x2 = x2.float()
             y = x2.new_empty(x2.shape[0], self.out_features)
-            for r in range(0, self.out_features, _ROWS):  # a 50k-row head widens 4096 rows at a time
-                w = self.weight[r : r + _ROWS].float().mul_(self.scale[r : r + _ROWS, None])
-                y[:, r : r + _ROWS] = x2 @ w.t()
+            step = max(1, _GEMM_BLOCK // self.in_features)  # rows widened at a time: a 16 MB fp32 block
+            for r in range(0, self.out_features, step):
+                w = self.weight[r : r + step].float().mul_(self.scale[r : r + step, None])
+                y[:, r : r + step] = x2 @ w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

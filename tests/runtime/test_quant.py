@@ -107,7 +107,7 @@ def test_int8_linear_gives_the_same_numbers_for_few_rows_and_many(k: int, monkey
     rows on), in fp32 otherwise. All are x @ (q * scale).T, the bf16 form to bf16 rounding."""
     from agent.runtime import quant
 
-    monkeypatch.setattr(quant, "_ROWS", 24)
+    monkeypatch.setattr(quant, "_GEMM_BLOCK", 24 * k)  # 24 rows a block: 70 rows span 3
     gen = torch.Generator().manual_seed(3)
     lin = torch.nn.Linear(k, 70)
     with torch.no_grad():
@@ -155,3 +155,18 @@ def test_int8_projections_fuse_for_decode_as_fp32_ones_do(path: str, tmp_path) -
         x = torch.randn(1, 3, fused.in_features)
         for got, n in zip(project(m, m.FUSED, x), m.FUSED):
             torch.testing.assert_close(got, getattr(m, n)(x), rtol=1e-5, atol=1e-5)
+
+
+def test_int8_linear_over_a_weight_at_an_odd_offset_is_still_right() -> None:
+    """The int8 kernel's vector loads want 16-byte aligned weight rows: a view that starts
+    one byte in takes the scalar form instead of faulting."""
+    from agent.runtime.quant import Int8Linear, quantize_rows
+
+    gen = torch.Generator().manual_seed(4)
+    q, scale = quantize_rows(torch.randn(40, 48, generator=gen))
+    store = torch.empty(40 * 48 + 1, dtype=torch.int8)
+    store[1:] = q.flatten()
+    lin = Int8Linear(store[1:].view(40, 48), scale, None)
+    assert lin.weight.data_ptr() % 16 != 0
+    x = torch.randn(3, 48, generator=gen)
+    torch.testing.assert_close(lin(x), x @ (q.float() * scale[:, None]).t(), rtol=1e-4, atol=1e-4)
