@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("model_dir")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--int8", action="store_true", help="LAPLACE_DTYPE=int8 semantics: dynamic int8 Linears")
+    p.add_argument("--int8", action="store_true", help="LAPLACE_DTYPE=int8 semantics: int8-weight Linears")
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--reference", action="store_true", help="profile forward at T = 1 (a new state per token) instead of step_")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")

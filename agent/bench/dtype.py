@@ -1,7 +1,7 @@
 """`laplace bench dtype -m MODEL`: which weight dtype a model should run in, by measurement.
 
-For each of fp32 (the baseline), bf16 and int8 (dynamic int8 matmuls, the tied LM head and
-the embedding included; `runtime/quant.py`), in its own child process
+For each of fp32 (the baseline), bf16 and int8 (int8 weights with fp32 activations, the tied LM
+head and the embedding included; `runtime/quant.py`), in its own child process
 (`python -m agent.bench.dtype_child`, so each peak RSS is its own), loaded as chat loads it:
 
 - prefill tok/s of a 512-token prompt (from a fresh state), median of 3 rounds;

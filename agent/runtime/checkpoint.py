@@ -279,7 +279,7 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
-    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones stay apart)
+    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones too)
         plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
         for owner_name, module in model.named_modules():
             if hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED) and mapped is not None:

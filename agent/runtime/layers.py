@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.gla import gla_chunked, gla_step, gla_step_
+from agent.runtime.quant import Int8Linear
 
 
 StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
@@ -71,8 +72,11 @@ def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
     """Store the weights of `owner`'s plain, bias-free Linears `names` as one matrix (rows in
     that order) and make each Linear's weight a view of its rows: the same values and
     parameter names, no extra memory, and `project` then runs them as one matmul. For
-    inference (`checkpoint` does it for decode-layout loads); False if they cannot be fused."""
+    inference (`checkpoint` does it for decode-layout loads); False if they cannot be fused.
+    int8 ones (`quant.Int8Linear`, bias-free) fuse the same way, their scales too."""
     mods = [getattr(owner, n, None) for n in names]
+    if all(type(m) is Int8Linear and m.bias is None for m in mods):
+        return _fuse_int8(owner, names, mods)  # type: ignore[arg-type]
     if not all(type(m) is nn.Linear and m.bias is None for m in mods):
         return False
     ws = [m.weight for m in mods]  # type: ignore[union-attr]
@@ -90,6 +94,21 @@ def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
     return True
 
 
+def _fuse_int8(owner: nn.Module, names: tuple[str, ...], mods: list[Int8Linear]) -> bool:
+    if len({m.in_features for m in mods}) != 1:
+        return False
+    fused = Int8Linear(torch.cat([m.weight for m in mods]), torch.cat([m.scale for m in mods]), None)
+    rows, start = [], 0
+    for m in mods:
+        n = m.out_features
+        m.weight, m.scale = fused.weight[start : start + n], fused.scale[start : start + n]  # buffers: views now
+        rows.append(n)
+        start += n
+    ptrs = [m.weight.data_ptr() for m in mods]
+    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
+    return True
+
+
 def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:
     """[getattr(owner, n)(x) for n in names], as one matmul when `fuse_linears_` fused them
     and they are still those Linears with those weights (a LoRA wrapper or a replaced
@@ -98,7 +117,8 @@ def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]
     if entry is not None:
         fused, mods, ptrs, rows = entry
         if all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
-            return list(F.linear(x, fused).split(rows, -1))
+            y = fused(x) if isinstance(fused, Int8Linear) else F.linear(x, fused)
+            return list(y.split(rows, -1))
     return [getattr(owner, n)(x) for n in names]
 
 

@@ -1,12 +1,24 @@
 """int8 weight-only inference on CPU: every matmul's weight is int8, the tied LM head's too.
 
-- Every nn.Linear becomes a dynamically quantized int8 Linear (weights per output channel,
-  symmetric; activations quantized per call; int8 GEMM in fbgemm/x86).
+- Every nn.Linear becomes an `Int8Linear`: int8 weights with one fp32 scale per output
+  channel (symmetric). A decode step's row runs `torch._weight_int8pack_mm` (the int8 rows
+  widened in registers, so it streams 1 byte per weight; its input rounded to bf16, as the
+  kernel's vector loops want); a prefill's many rows widen the weight to fp32 a block at a
+  time for a BLAS GEMM. The activations are never int8.
 - A tied LM head (Mamba-2 checkpoints read the input embedding as the head, which is no
   nn.Linear) becomes such a Linear too, built from the embedding's weight: it is the
   largest single matmul of a small model (50k x 768 at Mamba-2-130M's shape).
 - The embedding table becomes int8 rows with one fp32 scale each (`Int8Embedding`): a
   step reads one row of it, but an fp32 table would still hold 4 bytes per weight in memory.
+
+Why the activations stay fp32 (issue 35): the first scheme quantized each Linear's input
+per token with one scale (fbgemm dynamic int8). The default model (SmolLM2-135M) has
+per-channel activation outliers (a down_proj input's largest channel ~10x its median), so
+one scale per token rounds the ordinary channels away: held-out perplexity rose 89%
+(29.99 -> 56.64). SmoothQuant (alpha 0.5, calibrated on README prose) recovered only
+part of it (+37%). These int8 weights cost +0.38% (top-1 agreement 95.2%, the text read
+as prefill segments) and +0.36% (95.4%) read through the decode form, on the bench's
+held-out text; `laplace bench dtype` measures it.
 
 Norms, conv, decay gates and the GLA state stay fp32. A 1B-parameter model's fp32 decode
 reads ~5.6 GB of weights per token; int8 reads a quarter of that, and `laplace bench
@@ -20,21 +32,28 @@ tensor by tensor, so a quantized model never exists in fp32 first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.ao.nn.quantized import dynamic as nnqd
 
 QUANT_MODES = ("int8",)
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
+# From this many input rows on (a prefill, a scored segment) an Int8Linear widens its weight
+# to fp32 a block of rows at a time and runs BLAS's blocked GEMM: the widening reads the
+# weight once, which below ~16 rows costs more than it saves; _weight_int8pack_mm's CPU
+# kernel is a small register-tiled loop (4x4 tiles) made for few rows, far from a blocked
+# GEMM's rate over hundreds of rows.
+GEMM_ROWS = 16
+_GEMM_BLOCK = 1 << 22  # weights widened to fp32 at a time by that GEMM path (16 MB)
 
 
 def check_int8_kernels() -> None:
-    if not {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
-        raise ValueError("this torch build has no x86/fbgemm int8 kernels; run without LAPLACE_DTYPE=int8")
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        raise ValueError(f"torch {torch.__version__} has no int8 weight matmul (_weight_int8pack_mm); "
+                         "run without LAPLACE_DTYPE=int8 or upgrade torch")
 
 
 def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -50,21 +69,59 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def int8_linear(q: Tensor, scale: Tensor, bias: Tensor | None) -> nnqd.Linear:
-    """A dynamic int8 Linear from per-row int8 weights (out x in) and their scales."""
-    out_f, in_f = q.shape
-    # Built 1 x 1 and then given the real weight: the constructor's placeholder weight of
-    # the full shape would briefly cost out x in bytes more (262 MB for a 128k x 2048 head).
-    with warnings.catch_warnings():  # torch.ao announces quantized tensors' move to torchao
-        warnings.simplefilter("ignore")
-        m = nnqd.Linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
-        qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
-        m.set_weight_bias(qw, None if bias is None else bias.detach().float())
-    m.in_features, m.out_features = in_f, out_f
-    return m
+@functools.lru_cache(maxsize=64)
+def _ones_bf16(n: int) -> Tensor:
+    """The int8 kernel's scales argument when the real scales are applied after it."""
+    return torch.ones(n, dtype=torch.bfloat16)
 
 
-def linear_to_int8(lin: nn.Linear) -> nnqd.Linear:
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale[:, None]).T + bias with q int8 [out, in] and x fp32: the weight is
+    int8, the activations are not (see the module docstring for why)."""
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] < GEMM_ROWS and self.in_features % 16 == 0 and self.weight.data_ptr() % 16 == 0:
+            # bf16 activations: the kernel's x86 AVX2/AVX-512 loops are written for bf16 only
+            # (its fp32 form is scalar code: no packed FMA in torch 2.13's libtorch_cpu). It
+            # sums in fp32 and rounds the sums to bf16; the scales are applied after, in fp32
+            # (bf16 scales doubled the perplexity cost on the default model: +0.79% vs +0.36%).
+            # Those loops step K by 16 with aligned loads: a K not a multiple of 16 reads past
+            # each row (garbage, or a crash from 2 rows on), and its weight loads are 16-byte
+            # aligned ones, so such a Linear (or a view of a weight at an odd offset) takes the scalar form.
+            xb = x2.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)  # fresh: 64-byte aligned
+            y = torch._weight_int8pack_mm(xb, self.weight, _ones_bf16(self.out_features))
+            y = torch.mul(y, self.scale)  # bf16 x fp32: promoted, one op to an fp32 result
+        elif x2.shape[0] < GEMM_ROWS:
+            y = torch._weight_int8pack_mm(x2.float().contiguous(), self.weight, self.scale)
+        else:
+            x2 = x2.float()
+            y = x2.new_empty(x2.shape[0], self.out_features)
+            step = max(1, _GEMM_BLOCK // self.in_features)  # rows widened at a time: a 16 MB fp32 block
+            for r in range(0, self.out_features, step):
+                w = self.weight[r : r + step].float().mul_(self.scale[r : r + step, None])
+                y[:, r : r + step] = x2 @ w.t()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def int8_linear(q: Tensor, scale: Tensor, bias: Tensor | None) -> Int8Linear:
+    """An int8-weight Linear from per-row int8 weights (out x in) and their scales."""
+    return Int8Linear(q, scale, bias)
+
+
+def linear_to_int8(lin: nn.Linear) -> Int8Linear:
     q, scale = quantize_rows(lin.weight.detach())
     return int8_linear(q, scale, lin.bias)
 
@@ -101,6 +158,15 @@ def quantize_int8_(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, linear_to_int8(child))
+    from agent.runtime.layers import fuse_linears_  # layers imports this module
+
+    for module in model.modules():
+        fused = module.__dict__.get("_fused", {})
+        for names in list(fused):
+            # A decode-layout model's fused fp32 matrix: replaced by the int8 one (so a step
+            # still runs q/k/v and gate/up as one matmul each), and freed.
+            del fused[names]
+            fuse_linears_(module, names)
     return model
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.ao.nn.quantized import dynamic as nnqd
 
 from agent.runtime import weights
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.model import build_model
-from agent.runtime.quant import Int8Embedding, quantize_int8_, quantize_loaded
+from agent.runtime.quant import Int8Embedding, Int8Linear, quantize_int8_, quantize_loaded
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 
 CONFIG = LaplaceConfig(name="ssd-q", vocab_size=264, d_model=64, n_layers=2, n_heads=8, head_k_dim=16, head_v_dim=16,
@@ -27,7 +26,7 @@ def model_dir(tmp_path):
 
 def test_quantize_makes_every_matmul_int8_including_a_tied_head():
     model = quantize_int8_(build_model(CONFIG, seed=2).eval())
-    assert type(model.lm_head) is nnqd.Linear and model.lm_head.out_features == CONFIG.vocab_size
+    assert type(model.lm_head) is Int8Linear and model.lm_head.out_features == CONFIG.vocab_size
     assert isinstance(model.embed, Int8Embedding) and model.embed.weight.dtype == torch.int8
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     # what stays float is small: norms, conv taps, decay and skip parameters
@@ -51,7 +50,7 @@ def test_int8_load_reads_blocks_and_equals_quantizing_the_fp32_load(model_dir, m
     assert {name for name, _ in seen} >= {"embed.weight", "blocks.0.attn.in_proj.weight", "blocks.1.ffn.w2.weight"}
     assert max(shape[0] * shape[1] * 4 for _, shape in seen) <= 4096
     assert direct.fingerprint == after.fingerprint and direct.card["weights"] == "int8"
-    assert type(direct.model.lm_head) is nnqd.Linear and isinstance(direct.model.embed, Int8Embedding)
+    assert type(direct.model.lm_head) is Int8Linear and isinstance(direct.model.embed, Int8Embedding)
     assert not any(type(m) is torch.nn.Linear for m in direct.model.modules())
     ids = torch.randint(0, 264, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
