@@ -180,10 +180,13 @@ def default_model_dir(settings: Any) -> Path:
 
 def bench_for_settings(settings: Any, quick: bool, **options: Any) -> dict[str, Any]:
     """`bench_llamacpp` on the default model under `settings.home`, paired with the dtype
-    LAPLACE_DTYPE selects (fp32 unless set)."""
+    `laplace chat` runs it in: LAPLACE_DTYPE where set, else the model card's."""
+    from agent.runtime.checkpoint import ModelLoadError, card_run_dtype
+
     try:
-        dtype = laplace_dtype(settings.dtype)
-    except ValueError as exc:
+        setting = settings.dtype if settings.dtype_set else card_run_dtype(str(default_model_dir(settings)))
+        dtype = laplace_dtype(setting)
+    except (ModelLoadError, ValueError) as exc:
         raise BuildError(str(exc)) from None
     return bench_llamacpp(quick, home=settings.home, model_dir=default_model_dir(settings), default_dtype=dtype,
                           teacher_url=settings.default_model_url, **options)

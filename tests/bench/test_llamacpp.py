@@ -246,3 +246,20 @@ def test_a_failed_child_is_an_error_line_not_a_traceback(fake_bench, monkeypatch
     r = CliRunner().invoke(app, ["bench", "llamacpp", "--out", str(tmp_path / "b.json")])
     assert r.exit_code == 1 and "error: llama-bench on m.Q8_0.gguf failed (exit -11)" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_q4_1_pair_takes_the_dtype_chat_runs_the_default_in(tmp_path, monkeypatch):
+    """The card's dtype (int8 for a default built now), unless LAPLACE_DTYPE is set."""
+    from types import SimpleNamespace
+
+    model = tmp_path / "models" / "default"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"card": {"dtype": "int8"}}))
+    seen = {}
+    monkeypatch.setattr(lc, "bench_llamacpp", lambda quick, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(lc, "default_model_dir", lambda settings: model)
+    base = dict(home=tmp_path, models_dir=tmp_path / "models", default_model_url=None)
+    lc.bench_for_settings(SimpleNamespace(dtype="float32", dtype_set=False, **base), True)
+    assert seen["default_dtype"] == "int8"
+    lc.bench_for_settings(SimpleNamespace(dtype="bfloat16", dtype_set=True, **base), True)
+    assert seen["default_dtype"] == "bf16"
