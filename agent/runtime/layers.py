@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.gla import gla_chunked, gla_step, gla_step_
-from agent.runtime.quant import Int8Linear
+from agent.runtime.quant import Int8Linear, fuse_int8_
 
 
 StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
@@ -76,7 +76,7 @@ def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
     int8 ones (`quant.Int8Linear`, bias-free) fuse the same way, their scales too."""
     mods = [getattr(owner, n, None) for n in names]
     if all(type(m) is Int8Linear and m.bias is None for m in mods):
-        return _fuse_int8(owner, names, mods)  # type: ignore[arg-type]
+        return fuse_int8_(owner, names, mods)  # type: ignore[arg-type]
     if not all(type(m) is nn.Linear and m.bias is None for m in mods):
         return False
     ws = [m.weight for m in mods]  # type: ignore[union-attr]
@@ -90,21 +90,6 @@ def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
         start += w.shape[0]
     # The views' addresses: a weight later replaced or moved (.to) no longer matches them.
     ptrs = [m.weight.data_ptr() for m in mods]  # type: ignore[union-attr]
-    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
-    return True
-
-
-def _fuse_int8(owner: nn.Module, names: tuple[str, ...], mods: list[Int8Linear]) -> bool:
-    if len({m.in_features for m in mods}) != 1:
-        return False
-    fused = Int8Linear(torch.cat([m.weight for m in mods]), torch.cat([m.scale for m in mods]), None)
-    rows, start = [], 0
-    for m in mods:
-        n = m.out_features
-        m.weight, m.scale = fused.weight[start : start + n], fused.scale[start : start + n]  # buffers: views now
-        rows.append(n)
-        start += n
-    ptrs = [m.weight.data_ptr() for m in mods]
     owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
     return True
 

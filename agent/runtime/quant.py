@@ -158,16 +158,33 @@ def quantize_int8_(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, linear_to_int8(child))
-    from agent.runtime.layers import fuse_linears_  # layers imports this module
-
     for module in model.modules():
         fused = module.__dict__.get("_fused", {})
         for names in list(fused):
             # A decode-layout model's fused fp32 matrix: replaced by the int8 one (so a step
             # still runs q/k/v and gate/up as one matmul each), and freed.
             del fused[names]
-            fuse_linears_(module, names)
+            mods = [getattr(module, n) for n in names]
+            if all(type(m) is Int8Linear and m.bias is None for m in mods):
+                fuse_int8_(module, names, mods)
     return model
+
+
+def fuse_int8_(owner: nn.Module, names: tuple[str, ...], mods: list[Int8Linear]) -> bool:
+    """`layers.fuse_linears_` for bias-free Int8Linears: one int8 matrix and one scale vector,
+    each Linear's buffers views of its rows (False if their input widths differ)."""
+    if len({m.in_features for m in mods}) != 1:
+        return False
+    fused = Int8Linear(torch.cat([m.weight for m in mods]), torch.cat([m.scale for m in mods]), None)
+    rows, start = [], 0
+    for m in mods:
+        n = m.out_features
+        m.weight, m.scale = fused.weight[start : start + n], fused.scale[start : start + n]  # buffers: views now
+        rows.append(n)
+        start += n
+    ptrs = [m.weight.data_ptr() for m in mods]
+    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
+    return True
 
 
 def quantize_loaded(lm: Any, mode: str) -> Any:
