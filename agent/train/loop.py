@@ -129,7 +129,7 @@ class Trainer:
         cfg = self.cfg
         return estimate_run(self.base.model, self.base.config, tune=cfg.tune, muon=cfg.optimizer == "muon", lora_rank=cfg.lora_rank,
                             lora_targets=cfg.lora_target_names, seq_len=self.seq_len, micro=micro, recompute=self._recompute,
-                            copied=self._base is not None and cfg.tune != "state")
+                            copied=self._base is not None and cfg.tune != "state", chunked_loss=self.info.world == 1)
 
     @property
     def _recompute(self) -> bool:

@@ -83,12 +83,13 @@ class MemoryEstimate:
 
 
 def estimate_peak_bytes(config: Any, *, n_params: int, trainable: int, muon: int, seq_len: int, micro: int,
-                        recompute: bool, extra_weights: int = 0) -> MemoryEstimate:
+                        recompute: bool, extra_weights: int = 0, chunked_loss: bool = True) -> MemoryEstimate:
     """The peak of one training step in fp32.
 
     n_params: the model's parameters; trainable: those with grads; muon: those Muon trains
     (one momentum buffer; AdamW keeps two per parameter); extra_weights: parameters held
-    beside the model (LoRA adapters, a learned initial state)."""
+    beside the model (LoRA adapters, a learned initial state); chunked_loss: the loss takes the
+    logits LOSS_CHUNK positions at a time (one process; FSDP2 takes them whole)."""
     c = config
     keys = (c.window + c.sinks + c.chunk_size) if getattr(c, "mixer", "") == "window" else 2 * c.chunk_size
     per_layer_token = 4 * (SCORE_COPIES * c.n_heads * keys + WIDTH_COPIES * (c.ffn_dim + 2 * c.d_model))
@@ -99,8 +100,8 @@ def estimate_peak_bytes(config: Any, *, n_params: int, trainable: int, muon: int
     else:
         act = tokens * c.n_layers * per_layer_token
     # logits, log-softmax and their two grads, for at most LOSS_CHUNK positions a row at once
-    # (the trainer's chunked loss, agent/train/loop.py)
-    logits = micro * min(seq_len, LOSS_CHUNK) * c.vocab_size * 4 * 4
+    # with the trainer's chunked loss (agent/train/loop.py), else for the whole row
+    logits = micro * (min(seq_len, LOSS_CHUNK) if chunked_loss else seq_len) * c.vocab_size * 4 * 4
     adamw = trainable - muon
     return MemoryEstimate(weights=4 * (n_params + extra_weights), grads=4 * trainable, optimizer=4 * (muon + 2 * adamw),
                           activations=act, logits=logits)
@@ -118,7 +119,7 @@ def default_micro_batch(rows: int, estimate: Callable[[int], MemoryEstimate]) ->
 
 
 def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_rank: int, lora_targets: tuple[str, ...],
-                 seq_len: int, micro: int, recompute: bool, copied: bool) -> MemoryEstimate:
+                 seq_len: int, micro: int, recompute: bool, copied: bool, chunked_loss: bool = True) -> MemoryEstimate:
     """`estimate_peak_bytes` for a run of `laplace finetune` on `model`: what trains (every
     weight, LoRA adapters on `lora_targets`, or a learned initial state), whether Muon takes
     the block matrices, and whether the trainer works on a copy of the model (`copied`)."""
@@ -141,7 +142,7 @@ def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_r
     if copied:
         extra += n_params
     return estimate_peak_bytes(config, n_params=n_params, trainable=trainable, muon=muon_numel, seq_len=seq_len, micro=micro,
-                               recompute=recompute, extra_weights=extra)
+                               recompute=recompute, extra_weights=extra, chunked_loss=chunked_loss)
 
 
 def available_bytes() -> int | None:
