@@ -1,6 +1,6 @@
 """Decode speed and memory at long contexts: the hybrid's fixed state against the teacher's KV cache.
 
-    python -m recipes.smollm2_hybrid.measure.kv_decode --model default --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+    python -m recipes.smollm2_hybrid.measure.kv_decode --model ~/.local/share/laplace/models/default --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
         --contexts 1024,8192,32768 --steps 32 --threads 2
 
 The teacher (transformers' LlamaForCausalLM on the same GGUF, fp32, sdpa) decodes with a KV
@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> None:
         cache = _kv_cache(teacher, n)
         pos = torch.tensor([[n]])
         hybrid_t, teacher_t = [], []
-        runner.step(tok, state)
+        runner.step_(tok, state)
         teacher(tok[None], cache=cache, position_ids=pos, use_cache=True)
         cache.crop(-1)
         for _ in range(args.steps):  # alternate, step by step
             t = time.perf_counter()
-            _, state = runner.step(tok, state)
+            runner.step_(tok, state)  # in place, as chat decodes
             hybrid_t.append(time.perf_counter() - t)
             t = time.perf_counter()
             teacher(tok[None], cache=cache, position_ids=pos, use_cache=True)
