@@ -65,9 +65,13 @@ def info(
     if c.get("mixer") == "window":  # a converted Llama: the window's ring and the GLA branch make the state
         parts = data["state_parts"]
         branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
+        slots = c.get("memory_slots", 0)
+        memory = f", memory of {slots} evicted tokens per kv head ({c.get('memory_policy', 'recall')})" if slots else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
-                 f"{branch}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
-        split = f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,} + positions {parts['pos']:,}; "
+                 f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
+        held = sum(parts.get(n, 0) for n in ("mem_k", "mem_v", "mem_score", "mem_pos"))
+        split = (f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,}"
+                 + (f" + memory {held:,}" if held else "") + f" + positions {parts['pos']:,}; ")
     else:
         shape = f"{c['n_heads']} heads of {c['head_k_dim']} x {c['head_v_dim']} state, GLU {c['ffn_dim']}, conv {c['conv_size']}, vocab {c['vocab_size']}"
         split = ""

@@ -51,7 +51,8 @@ def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, la
     except CheckpointError as exc:
         raise fail(str(exc)) from None
     c = lm.config
-    shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}" if c.mixer == "window"
+    shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}"
+             + (f", memory {c.memory_slots} ({c.memory_policy})" if c.memory_slots else "") if c.mixer == "window"
              else f"{c.n_heads} heads of {c.head_k_dim} x {c.head_v_dim}")
     typer.echo(
         f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {shape}, "
@@ -133,6 +134,8 @@ def import_command(
     sinks: Optional[int] = typer.Option(None, "--sinks", help="Llama: first tokens always attended (default 4)."),
     gla: Optional[bool] = typer.Option(None, "--gla/--no-gla", help="Llama: a GLA branch over the tokens older than the window (default on)."),
     combine: Optional[str] = typer.Option(None, "--combine", help="Llama: how the branch joins the window: softmax (one normalisation) or gated."),
+    memory: Optional[int] = typer.Option(None, "--memory", help="Llama: evicted tokens kept per layer and kv head, read with the window (default 0: none)."),
+    memory_policy: Optional[str] = typer.Option(None, "--memory-policy", help="Llama: which evicted tokens the memory keeps: recall (needs the GLA branch) or attention."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
     settings = settings_of(ctx)
@@ -146,7 +149,12 @@ def import_command(
     for flag, value in (("--window", window), ("--sinks", sinks)):
         if value is not None and value < (1 if flag == "--window" else 0):
             raise fail(f"{flag} must be {'at least 1' if flag == '--window' else '0 or more'}, not {value}")
-    hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine}.items() if v is not None}
+    if memory is not None and memory < 0:
+        raise fail(f"--memory must be 0 or more, not {memory}")
+    if memory_policy is not None and memory_policy not in ("recall", "attention"):
+        raise fail(f"--memory-policy takes recall or attention, not {memory_policy!r}")
+    hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine, "memory_slots": memory,
+                                "memory_policy": memory_policy}.items() if v is not None}
     target = _target(settings, out)
     lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,
                   label=str(src.resolve()), hybrid=hybrid or None)

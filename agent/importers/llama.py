@@ -43,6 +43,8 @@ class HybridOptions:
     half_life_min: float = 64.0
     half_life_max: float = 8192.0
     chunk_size: int = 64
+    memory_slots: int = 0  # evicted tokens kept per layer and kv head (agent/runtime/memory.py); 0: none
+    memory_policy: str = "recall"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +101,7 @@ def hybrid_config(shape: LlamaShape, opts: HybridOptions, *, name: str) -> Lapla
             norm_eps=s.norm_eps, half_life_min=opts.half_life_min, half_life_max=opts.half_life_max,
             tie_embeddings=s.tied, mixer="window", n_kv_heads=s.n_kv_heads, rope_theta=s.rope_theta,
             window=opts.window, sinks=opts.sinks, gla_branch=opts.gla_branch, feature_map=opts.feature_map,
-            combine=opts.combine,
+            combine=opts.combine, memory_slots=opts.memory_slots, memory_policy=opts.memory_policy,
         )
     except ValueError as exc:
         raise CheckpointError(f"cannot make a window hybrid of this Llama ({exc})") from None

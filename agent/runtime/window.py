@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
+from agent.runtime.memory import MEMORY_NAMES, admit, memory_spec, recall_error
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -67,20 +68,45 @@ def rotate_ring_keys(win_k: Tensor, theta: float, sign: int = 1) -> Tensor:
 # ---- the fast path ---------------------------------------------------------------------
 
 
+def evictions(k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
+              *, window: int, sinks: int, theta: float) -> tuple[Tensor, Tensor, Tensor]:
+    """What leaves the window at each step of a call, as `window_attention` returns it:
+    ev_k (un-rotated), ev_v [B, T, G, D] and ev_ok [B, T]; for the branch before attention."""
+    B, T, G, D = k.shape
+    S, W = sinks, window
+    it = torch.arange(T, device=k.device)
+    t0 = pos.to(torch.long)
+    e = min(T, W)
+    ev_at = S + torch.remainder(t0[:, None] + it[None, :e] - S, W)  # [B, e]
+    ev_slot = ev_at[:, None, :, None].expand(B, G, e, D)
+    ring_ev = rope(win_k.gather(2, ev_slot), -ev_at[:, None, :], theta)
+    ev_k = torch.cat([ring_ev, k.transpose(1, 2)[:, :, : T - e]], 2)  # [B, G, T, D]
+    ev_v = torch.cat([win_v.gather(2, ev_slot), v.transpose(1, 2)[:, :, : T - e]], 2)
+    n = lengths if lengths is not None else torch.full((B,), T, dtype=torch.long, device=k.device)
+    ev_ok = (t0[:, None] + it[None, :] - W >= S) & (it[None, :] < n[:, None])
+    return ev_k.transpose(1, 2), ev_v.transpose(1, 2), ev_ok
+
+
+
 def window_attention(
     q: Tensor, k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
     *, window: int, sinks: int, theta: float, block: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Softmax attention over sinks + window, and the ring update.
+    memory: dict[str, Tensor] | None = None, ev_score: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor] | None]:
+    """Softmax attention over sinks + window (+ the memory), and the ring (and memory) update.
 
     q [B, T, H, D]; k, v [B, T, G, D] un-rotated; win_k (keys rotated to their slots),
     win_v [B, G, S + W, D]; pos [B] int64: tokens each row read before this call; lengths
     [B]: real tokens per row (the rest is padding and writes nothing), or None.
 
+    memory (`memory.py`; None: no memory): mem_k, mem_v, mem_score, mem_pos of the layer;
+    ev_score [B, T, G]: the score of the token leaving at each step (the "recall" policy,
+    computed by the caller from the branch), or None: the "attention" policy, computed here.
+
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
     relative to each query's max score; new win_k, new win_v; evicted ev_k (un-rotated),
     ev_v [B, T, G, D]: the key/value that leaves the window at each step, and ev_ok [B, T]:
-    whether there is one (its position is >= S and the step is real)).
+    whether there is one (its position is >= S and the step is real); the new memory or None).
 
     The ring is read where it lies: ring slot s holds position t0 - W + ((s - t0 + S) mod W)."""
     B, T, H, D = q.shape
@@ -110,10 +136,16 @@ def window_attention(
     ring_pos = t0[:, None] - W + torch.remainder(jw[None, :] - t0[:, None] + S, W)  # [B, W], all < t0
     epoch = torch.div(new_pos - S, W, rounding_mode="floor")  # [B, T] (meaningless below S: masked)
     ring_epoch = torch.div(ring_pos - S, W, rounding_mode="floor")
+    # Step i evicts position t0 - W + i: an old ring entry for i < W (rotated back from its
+    # slot's angle), the call's token i - W after.
+    ev_k, ev_v, ev_ok = evictions(k, v, win_k, win_v, pos, lengths, window=W, sinks=S, theta=theta)
+    ev_k, ev_v = ev_k.transpose(1, 2), ev_v.transpose(1, 2)  # [B, G, T, D]
     qh = q.transpose(1, 2).reshape(B, G, R, T, D) * D**-0.5
     q_lo = rope(qh, new_slot[:, None, None, :], theta)
     q_hi = rope(qh, (new_slot + W)[:, None, None, :], theta)
     q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
+    if memory is not None:  # memory keys are stored un-rotated and read at distance W
+        q_mem = rope(qh, torch.full((1,), float(W), device=dev), theta)
 
     def window_scores(i0: int, i1: int, keys: Tensor, same: Tensor) -> Tensor:
         """Scores of queries i0:i1 against rotated window keys [B, G, N, D]; same [B, c, N]."""
@@ -142,20 +174,27 @@ def window_attention(
         # Every query sees at least one key (itself, or sink 0 while t < S): m is finite.
         m = torch.stack([s.amax(-1) for s in scores]).amax(0)[..., None]
         probs = [(s - m).exp() for s in scores]
-        nums.append(sum(p @ val for p, (_, _, val) in zip(probs, parts)))
-        dens.append(sum(p.sum(-1) for p in probs))
+        num = sum(p @ val for p, (_, _, val) in zip(probs, parts))
+        den = sum(p.sum(-1) for p in probs)
+        if memory is not None:  # the block's evictions enter the memory, then its queries read it
+            kb, vb = ev_k[:, :, i0:i1], ev_v[:, :, i0:i1]
+            if ev_score is None:  # "attention": the weight the step's query gives its leaving key
+                s_ev = (q_mem[..., i0:i1, :] * kb[:, :, None]).sum(-1)  # [B, G, R, c]
+                score = ((s_ev - m[..., 0]).exp() / den).mean(2)
+            else:
+                score = ev_score[:, i0:i1].transpose(1, 2)
+            ck, cv, alive, memory = admit(memory, kb, vb, score, new_pos[:, i0:i1] - W + 1, ev_ok[:, i0:i1])
+            s_mem = (q_mem[..., i0:i1, :] @ ck[:, :, None].transpose(-1, -2)).masked_fill(
+                ~alive.transpose(-1, -2)[:, :, None], float("-inf"))  # [B, G, R, c, M + c]
+            m_all = torch.maximum(m, s_mem.amax(-1, keepdim=True))
+            p_mem, rescale = (s_mem - m_all).exp(), (m - m_all).exp()
+            num = num * rescale + p_mem @ cv[:, :, None]
+            den = den * rescale[..., 0] + p_mem.sum(-1)
+        nums.append(num)
+        dens.append(den)
     num = torch.cat(nums, dim=3).reshape(B, H, T, D).transpose(1, 2)
     den = torch.cat(dens, dim=3).reshape(B, H, T).transpose(1, 2)
-    # Step i evicts position t0 - W + i: an old ring entry for i < W (rotated back from its
-    # slot's angle), the call's token i - W after.
-    e = min(T, W)
-    ev_at = S + torch.remainder(t0[:, None] + it[None, :e] - S, W)  # [B, e]
-    ev_slot = ev_at[:, None, :, None].expand(B, G, e, D)
-    ring_ev = rope(win_k.gather(2, ev_slot), -ev_at[:, None, :], theta)
-    ev_k = torch.cat([ring_ev, kn[:, :, : T - e]], 2).transpose(1, 2)
-    ev_v = torch.cat([win_v.gather(2, ev_slot), vn[:, :, : T - e]], 2).transpose(1, 2)
-    ev_ok = (new_pos - W >= S) & real
-    return num, den, out_k, out_v, ev_k, ev_v, ev_ok
+    return num, den, out_k, out_v, ev_k.transpose(1, 2), ev_v.transpose(1, 2), ev_ok, memory
 
 
 def combine(num: Tensor, den: Tensor, gnum: Tensor | None, gden: Tensor | None, mix: Tensor | None, mode: str) -> Tensor:
@@ -185,40 +224,69 @@ def feature_map(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
 def hybrid_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, window: int, sinks: int, theta: float,
     phi_q: Tensor | None = None, phi_k: Tensor | None = None, g: Tensor | None = None,
-    mix: Tensor | None = None, mode: str = "softmax",
+    mix: Tensor | None = None, mode: str = "softmax", memory_slots: int = 0, memory_policy: str = "attention",
 ) -> Tensor:
     """The layer's attention from its definition, one query at a time over the whole
-    history from position 0, in float64 (no ring, no blocks, no offsets).
+    history from position 0, in float64 (no ring, no blocks, no offsets, no slots).
 
     q [B, T, H, D]; k, v [B, T, G, D] un-rotated; for the branch: phi_q, phi_k [B, T, H, F]
-    (phi_k of each position's key as query head h sees it), g [B, T, H], mix [H].
-    Returns y [B, T, H, D] in v's dtype."""
+    (phi_k of each position's key as query head h sees it), g [B, T, H], mix [H]. The
+    memory: per (row, kv head), the `memory_slots` best-scored tokens that have left the
+    window (`memory.py`), read at RoPE distance W. Returns y [B, T, H, D] in v's dtype."""
     B, T, H, D = q.shape
     G = k.shape[2]
-    R, S, W = H // G, sinks, window
+    R, S, W, M = H // G, sinks, window, memory_slots
     qd, kd, vd = q.double(), k.double().repeat_interleave(R, 2), v.double().repeat_interleave(R, 2)  # [B, T, H, D]
     branch = phi_q is not None and phi_k is not None and g is not None and mix is not None
-    if branch:
-        scale = phi_q.shape[-1] ** -0.5  # the GLA kernel's own scale
+    if branch or (M and memory_policy == "recall"):
+        assert phi_k is not None and g is not None
+        scale = phi_k.shape[-1] ** -0.5  # the GLA kernel's own scale
         gc = torch.cat([g.double().new_zeros(B, 1, H), g.double().cumsum(1)], 1)  # gc[t + 1] = g_0 + ... + g_t
+    scores: dict[tuple[int, int, int], float] = {}  # (row, kv head, position) -> the memory's score of that token
     outs = []
     for t in range(T):
         sink = list(range(min(S, t + 1)))
         win = list(range(max(S, t - W + 1), t + 1))
+        ev = list(range(S, t - W + 1))  # every token that has left the window
         pos_k = torch.tensor(sink + win, dtype=torch.float64)
         keys = rope(kd[:, sink + win].transpose(1, 2), pos_k, theta)  # [B, H, N, D]
         q_at = torch.tensor([min(t, S + W - 1)] * len(sink) + [t] * len(win), dtype=torch.float64)
         qs = rope(qd[:, t, :, None, :].expand(B, H, len(pos_k), D), q_at, theta)  # the query as each key sees it
         s = (qs * keys).sum(-1) / math.sqrt(D)  # [B, H, N]
+        vals = vd[:, sink + win].transpose(1, 2)  # [B, H, N, D]
+        if branch or (M and memory_policy == "recall"):
+            decay = (gc[:, t + 1, None] - gc[:, [p + W + 1 for p in ev]]).exp() if ev else None  # [B, E, H]: steps p + W + 1 .. t
+        if M and ev:
+            p = ev[-1]  # the token that left at this step
+            if memory_policy == "attention":
+                q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)  # [B, H, D]
+                s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
+                w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
+            else:  # the branch's read of p's own key, right after writing it
+                a = torch.einsum("bhf,behf->beh", phi_k[:, p].double(), phi_k[:, ev].double()) * scale * decay
+                back = torch.einsum("beh,behd->bhd", a, vd[:, ev]) / a.sum(1)[..., None]
+                w_ev = (vd[:, p] - back).square().sum(-1)
+            w_ev = w_ev.view(B, G, R).mean(-1)
+            for b in range(B):
+                for kv in range(G):
+                    scores[b, kv, p] = float(w_ev[b, kv])
+            held = torch.zeros(B, H, len(ev), dtype=torch.bool)
+            for b in range(B):
+                for kv in range(G):
+                    best = sorted(ev, key=lambda e: (scores[b, kv, e], e), reverse=True)[:M]
+                    for e in best:
+                        held[b, kv * R : (kv + 1) * R, ev.index(e)] = True
+            q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)[:, :, None]  # distance W
+            s_mem = (q_w * kd[:, ev].transpose(1, 2)).sum(-1) / math.sqrt(D)
+            s = torch.cat([s, s_mem.masked_fill(~held, float("-inf"))], -1)
+            vals = torch.cat([vals, vd[:, ev].transpose(1, 2)], 2)
         w = (s - s.amax(-1, keepdim=True)).exp()
-        num = torch.einsum("bhn,bnhd->bhd", w, vd[:, sink + win])
+        num = torch.einsum("bhn,bhnd->bhd", w, vals)
         den = w.sum(-1)
         gnum = gden = None
         if branch:
-            ev = list(range(S, t - W + 1))
             gnum, gden = num.new_zeros(B, H, D), den.new_zeros(B, H)
             if ev:
-                decay = (gc[:, t + 1, None] - gc[:, [p + W + 1 for p in ev]]).exp()  # [B, E, H]: steps p + W + 1 .. t
                 a = torch.einsum("bhf,behf->beh", phi_q[:, t].double() * scale, phi_k[:, ev].double()) * decay
                 gnum = torch.einsum("beh,behd->bhd", a, vd[:, ev])
                 gden = a.sum(1)
@@ -293,7 +361,7 @@ class WindowAttention(nn.Module):
         spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
         if c.gla_branch:
             spec["gla"] = ((batch, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
-        return spec
+        return spec | memory_spec(c, batch)
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()
@@ -327,26 +395,32 @@ class WindowAttention(nn.Module):
         c = self.config
         B, T, _ = x.shape
         q, k, v = self._qkv(x)
-        num, den, win_k, win_v, ev_k, ev_v, ev_ok = window_attention(
+        memory = {n: layer[n] for n in MEMORY_NAMES} if c.memory_slots else None
+        branch = ev_score = None
+        if self.gla_branch is not None:
+            ev_k, ev_v, ev_ok = evictions(k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks, theta=c.rope_theta)
+            branch = self.branch_inputs(x, q, ev_k, ev_v, ev_ok, lengths)
+            if memory is not None and c.memory_policy == "recall":
+                ev_score = self.recall_scores(branch, layer["gla"])
+        num, den, win_k, win_v, *_, memory = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
-            theta=c.rope_theta, block=c.chunk_size)
-        out = {"win_k": win_k, "win_v": win_v}
-        if self.gla_branch is None:
+            theta=c.rope_theta, block=c.chunk_size, memory=memory, ev_score=ev_score)
+        out = {"win_k": win_k, "win_v": win_v} | (memory or {})
+        if branch is None:
             y = combine(num, den, None, None, None, c.combine)
         else:
-            y, out["gla"] = self.branch(x, q, num, den, ev_k, ev_v, ev_ok, lengths, layer["gla"])
+            y, out["gla"] = self.combine_branch(branch, num, den, layer["gla"])
         return self.o_proj(y.reshape(B, T, c.value_dim).to(x.dtype)), out
 
     def step_(self, x: Tensor, state: dict[str, Tensor], pos: Tensor | None) -> Tensor:
-        """One decode token, the ring (and branch) written in place: `window_decode.window_step_`."""
+        """One decode token, the ring (and branch, memory) written in place: `window_decode.window_step_`."""
         assert pos is not None, "the window mixer reads positions: its model's state carries them"
         return window_step_(self, x, state, pos)
 
-    def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
-               lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
-        """The GLA branch over the evicted keys, combined with the window's (num, den):
-        (y [B, T, H, D], new gla state [B, H, F, D + 1]). A trainer of the branch alone can
-        call it with the window's part computed once."""
+    def branch_inputs(self, x: Tensor, q: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
+                      lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The GLA branch's (phi_q, phi_k [B, T, H, F], v_aug [B, T, H, D + 1], g [B, T, H]) over
+        the keys leaving the window (`window_attention`'s ev_k, ev_v, ev_ok)."""
         c, br = self.config, self.gla_branch
         assert br is not None
         B, T = q.shape[:2]
@@ -358,8 +432,34 @@ class WindowAttention(nn.Module):
         real = torch.ones(B, T, dtype=torch.bool, device=q.device) if lengths is None else (
             torch.arange(T, device=q.device)[None, :] < lengths[:, None])
         g = torch.where(real[:, :, None], self.decay_tap(br.log_decay(x)), 0.0)  # padding decays nothing
+        return phi_q, phi_k, v_aug, g
+
+    def recall_scores(self, branch: tuple[Tensor, Tensor, Tensor, Tensor], gla_state: Tensor) -> Tensor:
+        """The "recall" policy's score of each leaving token [B, T, G]: the branch reads its
+        own key right after writing it (`memory.recall_error`)."""
+        c = self.config
+        _, phi_k, v_aug, g = branch
+        B, T, H, _ = v_aug.shape
+        o, _ = run_gla(c, phi_k, phi_k, v_aug, g, gla_state)
+        G, R = c.kv_heads, H // c.kv_heads
+        return recall_error(v_aug[..., : c.head_v_dim].reshape(B, T, G, R, -1), o.reshape(B, T, G, R, -1))
+
+    def combine_branch(self, branch: tuple[Tensor, Tensor, Tensor, Tensor], num: Tensor, den: Tensor,
+                       gla_state: Tensor) -> tuple[Tensor, Tensor]:
+        """(y [B, T, H, D], new gla state [B, H, F, D + 1]): the branch's read combined with the
+        window's (num, den)."""
+        c, br = self.config, self.gla_branch
+        assert br is not None
+        phi_q, phi_k, v_aug, g = branch
         o, gla_state = run_gla(c, phi_q, phi_k, v_aug, g, gla_state)
         return combine(num, den, o[..., : c.head_v_dim], o[..., c.head_v_dim], br.mix.float(), c.combine), gla_state
+
+    def branch(self, x: Tensor, q: Tensor, num: Tensor, den: Tensor, ev_k: Tensor, ev_v: Tensor, ev_ok: Tensor,
+               lengths: Tensor | None, gla_state: Tensor) -> tuple[Tensor, Tensor]:
+        """The GLA branch over the evicted keys, combined with the window's (num, den):
+        (y [B, T, H, D], new gla state [B, H, F, D + 1]). A trainer of the branch alone can
+        call it with the window's part computed once."""
+        return self.combine_branch(self.branch_inputs(x, q, ev_k, ev_v, ev_ok, lengths), num, den, gla_state)
 
     def reference(self, x: Tensor) -> Tensor:
         """The layer over a whole sequence from position 0 through `hybrid_attention_naive`."""
@@ -371,6 +471,11 @@ class WindowAttention(nn.Module):
             R = c.n_heads // c.kv_heads
             kw.update(phi_q=feature_map(q, br.q_map, c.feature_map), phi_k=feature_map(k.repeat_interleave(R, 2), br.k_map, c.feature_map),
                       g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
+        if c.memory_slots:
+            kw.update(memory_slots=c.memory_slots, memory_policy=c.memory_policy)
+            if br is not None:
+                kw.setdefault("phi_k", feature_map(k.repeat_interleave(c.n_heads // c.kv_heads, 2), br.k_map, c.feature_map))
+                kw.setdefault("g", br.log_decay(x))
         y = hybrid_attention_naive(q, k, v, **kw)
         return self.o_proj(y.reshape(*x.shape[:2], c.value_dim).to(x.dtype))
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from agent.runtime.layers import f32, project, rope_cos_sin
+from agent.runtime.memory import EMPTY, MEMORY_NAMES, admit, recall_error
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -50,6 +51,8 @@ class StepTables:
     sin3: Tensor
     row: Tensor
     bias: Tensor
+    cos_mem: Tensor  # [D]: the angle W the query reads the memory's un-rotated keys at
+    sin_mem: Tensor
 
 
 _TABLES: dict[tuple, StepTables] = {}
@@ -75,7 +78,8 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         valid = torch.where(sink, s <= t, p >= S)
         row = torch.where(sink, 0, torch.where(s <= slot_t, 1, 2))
         bias = torch.zeros(valid.shape, device=device).masked_fill(~valid, float("-inf"))
-        _TABLES[key] = StepTables(cos, sin * sign, row, bias)
+        cos_m, sin_m = rope_cos_sin(torch.full((1,), W, device=device), dim, theta)
+        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign)
     return _TABLES[key]
 
 
@@ -102,14 +106,15 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     q, k, v = f32(q).reshape(B, G, R, D), f32(k).reshape(B, G, D), f32(v).reshape(B, G, D)
     win_k, win_v = state["win_k"], state["win_v"]
     cos_k, sin_k = cos3[:, None, 1], sin3[:, None, 1]  # [B, 1, D]: the key's angle is its slot
-    br = attn.gla_branch
-    if br is not None:  # the key/value leaving the window: the slot's old content, read before the write
+    br, memory = attn.gla_branch, c.memory_slots > 0
+    if br is not None or memory:  # the key/value leaving the window: the slot's old content, read before the write
         if B == 1:
             old_k, ev_v = win_k[:, :, slots[0]], win_v[:, :, slots[0]].clone()
         else:
             at = torch.tensor(slots, device=x.device).view(B, 1, 1, 1).expand(B, G, 1, D)
             old_k, ev_v = win_k.gather(2, at)[:, :, 0], win_v.gather(2, at)[:, :, 0]
         ev_k = old_k * cos_k - old_k.roll(half, -1) * sin_k  # rotated back from the slot's angle
+        ok = [ci >= S + W for ci in cs]  # a key leaves the window only once t - W >= S
     kr = torch.addcmul(k * cos_k, k.roll(half, -1), sin_k)
     if B == 1:
         win_k[:, :, slots[0]] = kr
@@ -124,28 +129,46 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     scores = (qr.view(B, G, 3 * R, D) @ win_k.transpose(-1, -2)).view(B, G, 3, R, S + W)
     row = _rows(tabs.row, cs).view(B, 1, 1, 1, S + W).expand(B, G, 1, R, S + W)
     scores = scores.gather(2, row)[:, :, 0] + _rows(tabs.bias, cs).view(B, 1, 1, S + W)  # [B, G, R, S + W]
-    if br is None:
+    if br is None and not memory:
         y = torch.softmax(scores, -1) @ win_v  # [B, G, R, D]
         return attn.o_proj(y.view(B, H * D).to(x.dtype))
     m = scores.amax(-1, keepdim=True)
     p = (scores - m).exp_()
     num = p @ win_v  # [B, G, R, D]
     den = p.sum(-1)  # [B, G, R]
-    # The branch: phi of the un-rotated q, and of the key leaving the window for each of its
-    # R query heads (no repeat: the kv head broadcasts against the R heads' maps).
-    F_ = c.feature_size
-    phi_q = _phi(q, br.q_map, c.feature_map)  # [B, G, R, 1, F]
-    phi_k = _phi(ev_k[:, :, None].expand(B, G, R, D), br.k_map, c.feature_map)
-    ok = [ci >= S + W for ci in cs]  # a key leaves the window only once t - W >= S
-    if not all(ok):
-        phi_k = phi_k * torch.tensor(ok, dtype=phi_k.dtype, device=x.device).view(B, 1, 1, 1, 1)
-    g = torch.nn.functional.logsigmoid(torch.nn.functional.linear(f32(x), f32(br.decay_weight), f32(br.decay_bias)))
-    g = attn.decay_tap((g / c.gate_normalizer).view(B, 1, H))  # hooks see [B, T, H], as from forward
-    # S <- exp(g) S + phi_k [v, 1]^T, written in place; o = scale phi_q S.
-    gla = state["gla"].view(B, G, R, F_, D + 1)
-    gla.mul_(g.exp().view(B, G, R, 1, 1))
-    gla[..., :D].addcmul_(phi_k.view(B, G, R, F_, 1), ev_v.view(B, G, 1, 1, D))
-    gla[..., D].add_(phi_k.view(B, G, R, F_))
+    if br is not None:
+        # The branch: phi of the un-rotated q, and of the key leaving the window for each of its
+        # R query heads (no repeat: the kv head broadcasts against the R heads' maps).
+        F_ = c.feature_size
+        phi_q = _phi(q, br.q_map, c.feature_map)  # [B, G, R, 1, F]
+        phi_k = _phi(ev_k[:, :, None].expand(B, G, R, D), br.k_map, c.feature_map)
+        if not all(ok):
+            phi_k = phi_k * torch.tensor(ok, dtype=phi_k.dtype, device=x.device).view(B, 1, 1, 1, 1)
+        g = torch.nn.functional.logsigmoid(torch.nn.functional.linear(f32(x), f32(br.decay_weight), f32(br.decay_bias)))
+        g = attn.decay_tap((g / c.gate_normalizer).view(B, 1, H))  # hooks see [B, T, H], as from forward
+        # S <- exp(g) S + phi_k [v, 1]^T, written in place; o = scale phi_q S.
+        gla = state["gla"].view(B, G, R, F_, D + 1)
+        gla.mul_(g.exp().view(B, G, R, 1, 1))
+        gla[..., :D].addcmul_(phi_k.view(B, G, R, F_, 1), ev_v.view(B, G, 1, 1, D))
+        gla[..., D].add_(phi_k.view(B, G, R, F_))
+    if memory:
+        qm = torch.addcmul(qs * tabs.cos_mem, qs.roll(half, -1), tabs.sin_mem)  # [B, G, R, D] at angle W
+        if c.memory_policy == "attention":
+            score = ((qm * ev_k[:, :, None]).sum(-1) - m[..., 0]).exp().div(den).mean(-1)  # [B, G]
+        else:
+            score = recall_error(ev_v[:, :, None].expand(B, G, R, D), (phi_k @ gla)[..., 0, :])
+        mem = {n: state[n] for n in MEMORY_NAMES}
+        leaving = torch.tensor(ok, device=x.device)[:, None]
+        *_, new = admit(mem, ev_k[:, :, None], ev_v[:, :, None], score[..., None], pos[:, None] - W + 1, leaving)
+        for n in MEMORY_NAMES:
+            state[n].copy_(new[n])
+        s_mem = (qm @ state["mem_k"].transpose(-1, -2)).masked_fill((state["mem_pos"] == EMPTY)[:, :, None], float("-inf"))
+        m_all = torch.maximum(m, s_mem.amax(-1, keepdim=True))
+        p_mem, rescale = (s_mem - m_all).exp(), (m - m_all).exp()
+        num = num * rescale + p_mem @ state["mem_v"]
+        den = den * rescale[..., 0] + p_mem.sum(-1)
+    if br is None:
+        return attn.o_proj((num / den.unsqueeze(-1)).reshape(B, H * D).to(x.dtype))
     o = phi_q @ gla  # [B, G, R, 1, D + 1]
     scale = F_**-0.5 if c.qk_scale else 1.0  # the GLA kernel's scale, as `run_gla` applies it
     gnum, gden = o[..., 0, :D], o[..., 0, D]

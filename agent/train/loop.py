@@ -31,7 +31,7 @@ from agent.runtime.model import build_model
 from agent.runtime.state import tensor_bytes
 from agent.train import checkpoint as ckpt
 from agent.train.config import TrainConfig, TrainConfigError
-from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token
+from agent.train.data import IGNORE_INDEX, PackedData, load_documents, pack, pad_token, trim_untrained_tail
 from agent.train.distributed import DistInfo, all_reduce_sum, init_distributed, shard_model
 from agent.train.initial_state import INITIAL_STATE_FILE, InitialState, save_initial_state
 from agent.train.memory import FIT_MARGIN, LOSS_CHUNK, MemoryEstimate, available_bytes, default_micro_batch, enable_recompute, estimate_run, fit_advice
@@ -283,7 +283,7 @@ class Trainer:
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         for i in range(0, len(local), self.micro):
-            inputs, labels = self.data.rows(local[i : i + self.micro])
+            inputs, labels = trim_untrained_tail(*self.data.rows(local[i : i + self.micro]))
             loss = self.loss_sum(inputs, labels)
             (loss * scale).backward()
             loss_sum += float(loss.detach())
@@ -314,7 +314,7 @@ class Trainer:
         n = min(len(self.eval_data), self.cfg.eval_rows)
         total, count = 0.0, 0
         for i in range(0, n, self.micro):
-            inputs, labels = self.eval_data.rows(torch.arange(i, min(n, i + self.micro)))
+            inputs, labels = trim_untrained_tail(*self.eval_data.rows(torch.arange(i, min(n, i + self.micro))))
             total += float(self.loss_sum(inputs, labels))
             count += int((labels != IGNORE_INDEX).sum())
         self.model.train(was_training)

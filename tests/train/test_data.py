@@ -106,3 +106,27 @@ def test_weight_zero_keeps_an_assistant_reply_as_context_only() -> None:
         encode_chat(msgs[:2], TOK, TPL)
     with pytest.raises(ValueError, match="weight"):
         encode_chat([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0.5}], TOK, TPL)
+
+
+def test_trimming_the_untrained_tail_keeps_the_loss_and_cuts_the_padding() -> None:
+    """`--pack rows` pads each dialogue to seq_len; the trainer cuts every micro-batch after
+    the last position any row trains on. The model is causal: the same summed loss."""
+    from agent.runtime.model import build_model
+    from agent.train.data import trim_untrained_tail
+    from tests.runtime.test_window import window_config
+
+    model = build_model(window_config(memory_slots=2, memory_policy="attention"), seed=0).eval()
+    inputs = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(0))
+    labels = torch.full((2, 30), IGNORE_INDEX)
+    labels[0, 3:9] = 5
+    labels[1, 12:17] = 7
+    short_in, short_lab = trim_untrained_tail(inputs, labels)
+    assert short_in.shape == (2, 17) and short_lab.shape == (2, 17)
+    with torch.no_grad():
+        full, _ = model(inputs)
+        cut, _ = model(short_in)
+    loss = torch.nn.functional.cross_entropy
+    torch.testing.assert_close(loss(cut.flatten(0, 1), short_lab.flatten(), reduction="sum"),
+                               loss(full.flatten(0, 1), labels.flatten(), reduction="sum"))
+    none_in, _ = trim_untrained_tail(inputs, torch.full((2, 30), IGNORE_INDEX))
+    assert none_in.shape == (2, 1)

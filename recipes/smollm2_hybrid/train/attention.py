@@ -34,7 +34,7 @@ def layer_cache(attn: torch.nn.Module, h: torch.Tensor) -> dict[str, torch.Tenso
     q, k, v = attn._qkv(h[None])
     zeros = torch.zeros(1, c.kv_heads, c.sinks + c.window, c.head_k_dim)
     pos = torch.zeros(1, dtype=torch.long)
-    num, den, _, _, ev_k, ev_v, ev_ok = window_attention(q, k, v, zeros, zeros, pos, None, window=c.window, sinks=c.sinks,
+    num, den, _, _, ev_k, ev_v, ev_ok, _ = window_attention(q, k, v, zeros, zeros, pos, None, window=c.window, sinks=c.sinks,
                                                          theta=c.rope_theta, block=c.chunk_size)
     T = h.shape[0]
     full = torch.zeros(1, c.kv_heads, c.sinks + T, c.head_k_dim)

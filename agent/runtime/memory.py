@@ -1,0 +1,91 @@
+"""The window mixer's bounded memory of evicted tokens (LoLA, arXiv 2505.23666; TOVA, arXiv
+2401.06104). Math only.
+
+Per layer and kv head, M slots hold the keys and values of tokens that have left the window.
+The window's own softmax reads them, beside the sinks and the window, at RoPE distance W:
+just past the window's edge, so no angle grows with the session (as the sinks' do not).
+
+Which tokens it keeps. A token leaving the window at step t becomes a candidate with a score
+>= 0. The memory is, at every step, the M best candidates so far by (score, position): the
+rule "a newcomer replaces the worst slot if it ranks above it" keeps exactly that set. So
+what the memory holds depends only on the tokens read, never on how they were split into
+calls, and a block of c steps is one computation: candidate x is in the memory at step i iff
+it has arrived by i and fewer than M candidates that arrived by i rank above it.
+
+Slots are kept in position order with the empty ones first. mem_pos holds 1 + the token's
+position, so an all-zero state is an empty memory and equal memories are equal bytes.
+
+The scores (the policy; chosen by measurement, recipes/smollm2_hybrid/measure/memory.py):
+- "recall", LoLA's self-recall error: || v - S^T phi(k) / z^T phi(k) ||^2, how badly the GLA
+  branch's state gives back the token's value from its key right after writing it (mean over
+  the kv head's query heads). What the branch already holds well, the memory need not.
+- "attention", TOVA's: the softmax weight that the query of step t gives the leaving key at
+  RoPE distance W, normalised over sinks and window (not the memory, so a block's scores are
+  known before its memory is), mean over the kv head's query heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agent.runtime.layers import StateSpec
+
+MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")
+EMPTY = 0  # mem_pos of a slot that holds no token (its key, value and score are 0 too)
+
+
+def memory_spec(config, batch: int) -> StateSpec:  # type: ignore[no-untyped-def]
+    """mem_k, mem_v [B, G, M, D] (keys un-rotated), mem_score [B, G, M], mem_pos [B, G, M]
+    (1 + the absolute position of each slot's token, EMPTY if none); nothing when M = 0."""
+    M = config.memory_slots
+    if not M:
+        return {}
+    B, G, D = batch, config.kv_heads, config.head_k_dim
+    return {"mem_k": ((B, G, M, D), "float32"), "mem_v": ((B, G, M, D), "float32"),
+            "mem_score": ((B, G, M), "float32"), "mem_pos": ((B, G, M), "int64")}
+
+
+def admit(mem: dict[str, Tensor], k: Tensor, v: Tensor, score: Tensor, pos: Tensor, ok: Tensor
+          ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    """c steps of the memory at once.
+
+    mem: mem_k, mem_v [B, G, M, D], mem_score, mem_pos [B, G, M] before the first step; the
+    tokens leaving the window at the c steps: k, v [B, G, c, D], score [B, G, c], pos [B, c]
+    int64 (1 + position, as mem_pos), ok [B, c] (whether a token leaves at that step).
+
+    Returns the candidates (the M slots, then the c tokens) as keys, values [B, G, M + c, D]
+    and alive [B, G, M + c, c]: whether candidate x is in the memory at step i (what step i's
+    query reads); and the memory after the last step."""
+    mk, mv, ms, mp = mem["mem_k"], mem["mem_v"], mem["mem_score"], mem["mem_pos"]
+    B, G, M = ms.shape
+    c = score.shape[-1]
+    dev = ms.device
+    ck, cv = torch.cat([mk, k], 2), torch.cat([mv, v], 2)
+    cs = torch.cat([ms, score], 2)
+    cp = torch.cat([mp, pos[:, None].expand(B, G, c)], 2)
+    real = torch.cat([mp != EMPTY, ok[:, None].expand(B, G, c)], 2)  # [B, G, C]
+    arrive = torch.cat([torch.full((M,), -1, device=dev), torch.arange(c, device=dev)])  # the step each is there from
+    # above[y, x]: y ranks above x (higher score; on a tie, the later token).
+    above = (cs[..., :, None] > cs[..., None, :]) | ((cs[..., :, None] == cs[..., None, :]) & (cp[..., :, None] > cp[..., None, :]))
+    there = real[..., None] & (arrive[:, None] <= torch.arange(c, device=dev)[None, :])  # [B, G, C, c]
+    rank = above.transpose(-1, -2).float() @ there.float()  # rank[x, i]: candidates there at i that rank above x
+    alive = there & (rank < M)
+    # The memory after the block: those alive at its last step in position order, then enough
+    # of the old empty slots (there always are: see the module docstring) before them.
+    empty_slot = torch.arange(M + c, device=dev) < M
+    order = torch.where(alive[..., -1], cp, torch.where(empty_slot & ~real, EMPTY, EMPTY - 1))  # EMPTY - 1: dropped
+    keep = order.sort(dim=-1, stable=True).indices[..., c:]  # [B, G, M]
+    take = keep[..., None].expand(B, G, M, ck.shape[-1])
+    new = {"mem_k": ck.gather(2, take), "mem_v": cv.gather(2, take), "mem_score": cs.gather(2, keep),
+           "mem_pos": cp.gather(2, keep)}
+    return ck, cv, alive, new
+
+
+def recall_error(v: Tensor, o: Tensor) -> Tensor:
+    """LoLA's score: v [..., R, D] the token's value as each query head sees it, o [..., R, D + 1]
+    the branch's read of its key (numerator, then normaliser) -> mean over R of ||v - o / z||^2."""
+    D = v.shape[-1]
+    z = o[..., D : D + 1]
+    back = torch.where(z > 0, o[..., :D] / z.clamp_min(1e-30), 0.0)
+    return (v - back).square().sum(-1).mean(-1)

@@ -1,0 +1,183 @@
+"""The window mixer's bounded memory of evicted tokens (agent/runtime/memory.py): the
+selection rule, the fast path and the lean step against the per-query reference, and the
+runtime's invariants with the memory on (pieces + save/load == one pass, decode == chunked
+prefill, padded and batched rows, the teacher exactly within S + W, a fixed state)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agent.runtime.generation import EagerRunner
+from agent.runtime.memory import EMPTY, admit
+from agent.runtime.state import RecurrentState
+from agent.runtime.window import naive_forward
+from tests.runtime.test_window import window_model
+
+TOL = 1e-4
+
+GRID = [
+    pytest.param(dict(memory_slots=4, memory_policy="attention", gla_branch=False), id="attention-window-only"),
+    pytest.param(dict(memory_slots=4, memory_policy="attention", combine="softmax"), id="attention-softmax"),
+    pytest.param(dict(memory_slots=3, memory_policy="recall", combine="softmax"), id="recall-softmax"),
+    pytest.param(dict(memory_slots=5, memory_policy="recall", combine="gated", n_kv_heads=1), id="recall-gated-mqa"),
+]
+
+
+def test_admit_keeps_the_best_m_of_the_stream_in_position_order():
+    """Random scores arriving in blocks of random sizes: after each block the memory is the
+    M best (score, position) so far, sorted by position, empty slots first and zero; alive
+    says which candidates each step's query reads."""
+    rng = random.Random(0)
+    M, D = 5, 3
+    mem = {"mem_k": torch.zeros(1, 1, M, D), "mem_v": torch.zeros(1, 1, M, D),
+           "mem_score": torch.zeros(1, 1, M), "mem_pos": torch.zeros(1, 1, M, dtype=torch.long)}
+    seen: list[tuple[float, int]] = []
+    pos = 1
+    for c in (1, 3, 2, 7, 1, 4):
+        scores = [rng.choice([0.5, rng.random()]) for _ in range(c)]  # ties too
+        ok = [rng.random() > 0.2 for _ in range(c)]
+        p = torch.arange(pos, pos + c)
+        k = p.float()[None, None, :, None].expand(1, 1, c, D)  # the key says whose it is
+        _, _, alive, mem = admit(mem, k, k + 0.5, torch.tensor(scores)[None, None], p[None], torch.tensor(ok)[None])
+        for i in range(c):
+            if ok[i]:
+                seen.append((scores[i], pos + i))
+            best = sorted(seen, key=lambda x: x, reverse=True)[:M]
+            if i == c - 1:
+                held = sorted(q for _, q in best)
+                assert mem["mem_pos"][0, 0].tolist() == [EMPTY] * (M - len(held)) + held
+                assert mem["mem_k"][0, 0, :, 0].tolist() == [0.0] * (M - len(held)) + [float(q) for q in held]
+            # alive at step i covers the best M among what had arrived by then
+            arrived = [q for s, q in sorted([x for x in seen if x[1] <= pos + i], reverse=True)[:M]]
+            cand_pos = torch.cat([alive.new_zeros(0).long(), mem["mem_pos"][0, 0]])  # for the message only
+            assert int(alive[0, 0, :, i].sum()) == len(arrived), (i, cand_pos)
+        pos += c
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_fast_path_with_memory_equals_the_per_query_reference(kw):
+    """Sequences six times the window: the memory fills, and its slots turn over."""
+    model = window_model(**kw)
+    ids = torch.randint(0, 64, (2, 45), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fast, state = model(ids)
+        ref = naive_forward(model, ids)
+    torch.testing.assert_close(fast, ref, rtol=TOL, atol=TOL)
+    assert (state.tensors["mem_pos"] != EMPTY).all()  # full by now
+
+
+@pytest.mark.parametrize("kw", GRID[:3])
+def test_the_memory_changes_the_logits_only_past_s_plus_w(kw):
+    """Within S + W the memory holds nothing and the model is the window-only teacher
+    exactly; past it the memory moves the logits well beyond the tolerance."""
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(4))
+    on, off = window_model(**kw), window_model(**{**kw, "memory_slots": 0})
+    c = on.config
+    with torch.no_grad():
+        a, _ = on(ids)
+        b, _ = off(ids)
+    inside = c.sinks + c.window  # the first query that can read an evicted token is at S + W
+    assert torch.equal(a[:, :inside], b[:, :inside])
+    assert (a[:, inside:] - b[:, inside:]).abs().max() > 100 * TOL
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_pieces_save_load_then_decode_equals_one_pass_with_memory(kw):
+    model = window_model(**kw)
+    ids = torch.randint(0, 64, (1, 47), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full, full_state = model(ids)
+        state, outs, pos = None, [], 0
+        for n in (2, 5, 1, 17, 9):
+            logits, state = model(ids[:, pos : pos + n], state)
+            outs.append(logits)
+            pos += n
+            blob = state.to_bytes(fingerprint="fp", architecture=model.config.architecture())
+            state = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
+        for t in range(pos, ids.shape[1]):
+            logits, state = model(ids[:, t : t + 1], state)
+            outs.append(logits)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+    assert state.names == full_state.names and "mem_k" in state.names
+    assert torch.equal(state.tensors["mem_pos"], full_state.tensors["mem_pos"])
+    for name in state.names:
+        torch.testing.assert_close(state.tensors[name], full_state.tensors[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_lean_step_with_memory_equals_forward_token_by_token(kw):
+    """Two rows at different positions, through several turnovers of the memory: step_ (in
+    place) == forward at T = 1 == chunked prefill, in the logits and in every state tensor."""
+    model = window_model(**kw)
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        _, a = model(torch.randint(0, 64, (1, 4), generator=gen))
+        both = RecurrentState.stack([a, model.new_state(1)])
+        ref, lean = both, both.clone()
+        for _ in range(5 * model.config.window):
+            tok = torch.randint(0, 64, (2,), generator=gen)
+            want, ref = model(tok[:, None], ref)
+            got = model.step_(tok, lean)
+            torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(lean.tensors["mem_pos"], ref.tensors["mem_pos"])
+    assert lean.allclose(ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_token_by_token_equals_chunked_prefill_with_memory():
+    model = window_model(memory_slots=4, memory_policy="recall")
+    ids = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(6)).tolist()
+    with torch.no_grad():
+        last, chunked = EagerRunner(model, segment_len=16).prefill(ids)
+        state = model.new_state(1)
+        for t in ids:
+            logits, state = model(torch.tensor([[t]]), state)
+    torch.testing.assert_close(logits[:, -1], last, rtol=1e-5, atol=1e-5)
+    assert torch.equal(state.tensors["mem_pos"], chunked.tensors["mem_pos"])
+    for name in state.names:
+        torch.testing.assert_close(state.tensors[name], chunked.tensors[name], rtol=1e-5, atol=1e-5)
+
+
+def test_padded_and_batched_rows_with_memory_are_independent():
+    model = window_model(memory_slots=3, memory_policy="attention")
+    ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        _, prefix = model(ids[:, :20])
+        _, short = model(ids[:1, 20:23], prefix.select(0))
+        logits, padded = model(ids[:, 20:], prefix, lengths=torch.tensor([3, 20]), last_only=True)
+        ref_logits, _ = model(ids[:1, 20:23], prefix.select(0))
+        _, alone = model(ids[1:, 20:], prefix.select(1))
+    for row, want in ((padded.select(0), short), (padded.select(1), alone)):
+        for name in row.names:
+            torch.testing.assert_close(row.tensors[name], want.tensors[name], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[0, 0], ref_logits[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_state_with_memory_is_fixed_size_and_positions_stay_bounded():
+    """The state's bytes do not grow with the session; a state moved 10^6 windows on (memory
+    positions too) decodes as the near one: the memory is read at distance W, never at its
+    absolute position."""
+    model = window_model(memory_slots=4, memory_policy="recall", combine="gated")
+    c = model.config
+    ids = torch.randint(0, 64, (1, 60), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        _, short = model(ids[:, :10])
+        _, state = model(ids)
+        assert short.nbytes == state.nbytes == c.state_bytes()
+        far = state.clone()
+        shift = 10**6 * c.window
+        far.tensors["pos"] = far.pos + shift
+        mp = far.tensors["mem_pos"]
+        far.tensors["mem_pos"] = torch.where(mp != EMPTY, mp + shift, mp)
+        near_logits, _ = model(torch.tensor([[5, 6, 7]]), state)
+        far_logits, _ = model(torch.tensor([[5, 6, 7]]), far)
+    torch.testing.assert_close(far_logits, near_logits, rtol=1e-5, atol=1e-5)
+    M, G, D, L = c.memory_slots, c.kv_heads, c.head_k_dim, c.n_layers
+    assert c.state_bytes() - window_model(**{"memory_slots": 0, "combine": "gated"}).config.state_bytes() == L * G * M * (2 * D * 4 + 4 + 8)
+
+
+def test_recall_policy_needs_the_branch():
+    with pytest.raises(ValueError, match="memory_policy 'recall'"):
+        window_model(memory_slots=4, memory_policy="recall", gla_branch=False)
