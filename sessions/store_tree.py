@@ -3,13 +3,15 @@ replaying a branch's token ids. Nothing here writes or looks at leases."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .errors import InvalidTurnOperation, TurnNotFound
 from .hashing import unpack_ids
 from ._rows import TURN_COLS, prefixed, to_turn
 from .records import Turn
 from .store_core import SessionRef, StoreCore
+
+_BATCH = 500  # ids per IN (...) query: under SQLite's oldest limit of 999 parameters
 
 
 class Tree:
@@ -30,6 +32,21 @@ class Tree:
             raise TurnNotFound(turn_id)
         self.core.count_ids(turn_id, row[0])
         return unpack_ids(row[0])
+
+    def spans(self, session: SessionRef, turn_ids: Iterable[int]) -> dict[int, tuple[int, int]]:
+        """The token span [start, stop) of each of these turns in its branch's stream, by id;
+        ids that name no turn of `session` are left out. A few indexed reads, for the marks
+        a UI shows per turn."""
+        s = self.core.get_session(session)
+        ids = list(dict.fromkeys(turn_ids))
+        out: dict[int, tuple[int, int]] = {}
+        for i in range(0, len(ids), _BATCH):
+            part = ids[i:i + _BATCH]
+            rows = self.core.db.execute(
+                "SELECT id, tokens_total - n_tokens, tokens_total FROM turns"
+                f" WHERE session_id = ? AND id IN ({','.join('?' * len(part))})", [s.id, *part]).fetchall()
+            out.update({row[0]: (row[1], row[2]) for row in rows})
+        return out
 
     def siblings(self, turn_id: int) -> list[Turn]:
         """The turn and its siblings (same parent), oldest first, for a UI's "< 2/3 >" switch."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from agent import timings
 from agent.chat.browse import SessionBrowsing, guarded
@@ -41,6 +41,7 @@ from agent.chat.types import (
 from agent.chat.turns import ReplyWriter, TurnWriter, check_text
 from agent.runtime.checkpoint import LoadedModel
 from agent.runtime.generation import EagerRunner, Generation
+from agent.runtime.held import held_by_transcript_only, held_positions
 from agent.runtime.sampling import make_generator
 from agent.runtime.state import RecurrentState
 from sessions import Session, SessionError, SessionStore, StateMeta
@@ -157,6 +158,20 @@ class ChatService(SessionBrowsing):
         if self._state is None:
             self._state = load_state(self, self._require())
         return self._state
+
+    def transcript_only(self, turn_ids: Sequence[int]) -> set[int] | None:
+        """Which of these turns the live state holds no token of exactly (see
+        `agent.runtime.held`): only the transcript holds them now. None without a live state
+        or for a mixer that holds no exact tokens. Cheap (one indexed read, a few
+        comparisons per turn) and lock-free, since the TUI asks from its own thread while a
+        reply streams (the answer may then lag the reply in flight; the TUI asks again after it)."""
+        state, session = self._state, self._session
+        if state is None or session is None:
+            return None
+        held = held_positions(state, self.lm.config)
+        if held is None:
+            return None
+        return held_by_transcript_only(held, guarded(lambda: self.store.tree.spans(session.id, turn_ids)))
 
     # ---- turns --------------------------------------------------------------------------
 

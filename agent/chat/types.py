@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Iterator, Literal, Protocol, Sequence, Union
 
 # The recall verdict words, re-exported for the TUI from the one rule that produces them
 # (plain Python, no torch).
@@ -154,6 +154,11 @@ class ChatServiceProtocol(Protocol):
     def rebuild_state(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
     def tail(self, limit: int = 50) -> list[TurnView]: ...
     def page_before(self, turn_id: int, limit: int = 50) -> list[TurnView]: ...
+    # Which of these turns (of the current branch) the state no longer holds exactly: all
+    # their tokens left a window model's sinks, window and memory, so only the transcript
+    # holds their words (recall refresh can read them back in). None: no answer (no state
+    # loaded, or a model whose state holds no exact tokens): leave marks as they are.
+    def transcript_only(self, turn_ids: Sequence[int]) -> set[int] | None: ...
     def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[ChatEvent]: ...
     def switch_sibling(self, turn_id: int, step: int) -> TurnView: ...  # move the head to another branch

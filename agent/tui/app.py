@@ -148,8 +148,19 @@ class LaplaceApp(App[None]):
             self.say(str(e), "error")
             turns = []
         await self.chat.show_tail(turns)
+        self.mark_held()
         self.refresh_status()
         self.call_after_refresh(self._mark_painted)
+
+    def mark_held(self) -> None:
+        """Mark the turns in view that only the transcript holds now (after each reply and
+        page load; a quick service call). A mark is a hint: a failed call changes nothing."""
+        try:
+            ids = self.service.transcript_only([w.turn_id for w in self.chat.turn_widgets])
+        except ChatError:
+            return
+        if ids is not None:
+            self.chat.mark_transcript_only(ids)
 
     def _mark_painted(self) -> None:
         self.tail_painted_at = time.perf_counter()
@@ -171,6 +182,7 @@ class LaplaceApp(App[None]):
                 first = chat.first_turn_id
                 turns = self.service.page_before(first, self.page_size) if first is not None else []
                 await chat.prepend(turns)
+                self.mark_held()
             elif chat.newer:
                 page = chat.newer.pop()
                 if page.after_id is None:
@@ -178,6 +190,7 @@ class LaplaceApp(App[None]):
                 else:
                     turns = self.service.page_before(page.after_id, page.count)
                 await chat.append_page(turns)
+                self.mark_held()
         except ChatError as e:
             chat.loading = False
             self.say(str(e), "error")
@@ -275,6 +288,7 @@ class LaplaceApp(App[None]):
         if job.kind in ("attach", "rebuild") or (stream is not None and not job.saw_finish):
             await self.load_session()
         else:
+            self.mark_held()  # the reply pushed older turns out of the window
             self.refresh_status(activity="")
         if job.kind == "rebuild":
             if job.failed or job.cancel.is_set():

@@ -101,6 +101,21 @@ def test_paging_along_the_branch(store: SessionStore) -> None:
     assert r.has_older and r.head.content == "r29" and r.tokens_to_fold == 0
 
 
+def test_spans_of_turns_read_in_batches_and_only_from_the_session(store: SessionStore, monkeypatch) -> None:
+    import sessions.store_tree as tree
+
+    monkeypatch.setattr(tree, "_BATCH", 3)  # several batches from a few turns
+    s, other = new_session(store), new_session(store)
+    with store.core.transaction():
+        for i in range(4):
+            converse(store, s.id, f"m{i}", f"r{i}", size=64)
+        foreign = converse(store, other.id, "elsewhere", size=64)
+    branch = store.tree.branch(s.id)
+    asked = [t.id for t in reversed(branch)] + [foreign.id, 10**6, branch[0].id]
+    assert store.tree.spans(s.id, asked) == {t.id: (t.token_start, t.tokens_total) for t in branch}
+    assert store.tree.spans(s.id, []) == {}
+
+
 def test_resume_reports_tokens_still_to_fold(store: SessionStore) -> None:
     s = new_session(store)
     a = converse(store, s.id, "x")

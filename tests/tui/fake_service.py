@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Callable, Iterator, Literal, Sequence
 
 from agent.chat.types import (
     FORGOTTEN,
@@ -73,8 +73,13 @@ class FakeChatService:
         model: str = "fake-gla-3b",
         device: str = "cpu",
         hold_after: int | None = None,
+        window: int | None = None,
     ) -> None:
         self.token_delay = token_delay
+        # With window=N the fake acts like a window model that holds its last N tokens
+        # exactly (no sinks, no memory): `transcript_only` names the turns before them.
+        # None: a model with no exact tokens (the question does not apply).
+        self.window = window
         # With hold_after=N a reply stops after N tokens until `release` is set (or cancel):
         # lets a test look at the UI mid-reply deterministically.
         self.hold_after = hold_after
@@ -260,6 +265,18 @@ class FakeChatService:
             s = self._need()
             i = s.path.index(turn_id)
             return [self._with_siblings(self._turns[t]) for t in s.path[max(0, i - limit):i]]
+
+    def transcript_only(self, turn_ids: Sequence[int]) -> set[int] | None:
+        with self._lock:
+            if self.window is None or self._current is None:
+                return None
+            stops, total = {}, 0
+            for i in self._current.path:
+                total += self._turns[i].n_tokens
+                stops[i] = total
+            wanted = set(turn_ids)
+            return {i for i in self._current.path if i in wanted and self._turns[i].n_tokens
+                    and stops[i] <= total - self.window}
 
     def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         self.calls.append(("send", text))

@@ -36,6 +36,7 @@ ROLE_LABELS = {"user": "you", "assistant": "laplace", "system": "system", "docum
 RECALL_LABEL = "↺ recalled from earlier"
 NO_SYSTEM_PROMPT = "no system prompt"
 USED_RECALL = "  ↺ used recall"
+TRANSCRIPT_ONLY = "  held only by the transcript; refresh can bring it back"
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -50,10 +51,13 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: int = 1, *,
-                kind: str = "", used_recall: bool = False, unread: bool = False) -> Text:
+                kind: str = "", used_recall: bool = False, unread: bool = False,
+                transcript_only: bool = False) -> Text:
     """The one-line header over a message: role, branch position, unusual status, the
-    recall-refresh marks (a recall block; a reply written after one), and whether the
-    state has not read it (`unread`: e.g. a cancelled attach)."""
+    recall-refresh marks (a recall block; a reply written after one), whether the state
+    has not read it (`unread`: e.g. a cancelled attach), and whether the state read it but
+    no longer holds any of its tokens exactly (`transcript_only`: a window model's turn
+    that left its window and memory)."""
     text = Text(RECALL_LABEL if kind == "recall" else ROLE_LABELS.get(role, role), style="bold")
     if used_recall:
         text.append(USED_RECALL, style="italic cyan")
@@ -65,7 +69,14 @@ def header_text(role: str, status: str, sibling_index: int = 0, sibling_count: i
         text.append(f"  [{status}]", style="bold red" if status == "error" else "bold yellow")
     if unread:
         text.append("  not read into the state", style="italic dim")
+    if transcript_only:
+        text.append(TRANSCRIPT_ONLY, style="italic dim")
     return text
+
+
+def turn_header(turn: TurnView, *, transcript_only: bool = False) -> Text:
+    return header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count, kind=turn.kind,
+                       used_recall=turn.used_recall, unread=is_unread(turn), transcript_only=transcript_only)
 
 
 def is_unread(turn: TurnView) -> bool:
@@ -125,8 +136,7 @@ class MessageWidget(Static, can_focus=True):
             self.step = step
 
     def __init__(self, turn: TurnView) -> None:
-        header = header_text(turn.role, turn.status, turn.sibling_index, turn.sibling_count,
-                             kind=turn.kind, used_recall=turn.used_recall, unread=is_unread(turn))
+        header = turn_header(turn)
         # Content given at construction, not on mount: the first layout then already has the
         # real height, which keeping the reading position across page loads relies on.
         # An empty system turn keeps its widget (paging counts turns) but is one dim line.
@@ -137,6 +147,7 @@ class MessageWidget(Static, can_focus=True):
         self.turn = turn
         self.header = header
         self.expanded = False
+        self.transcript_only = False
 
     def action_toggle_recall(self) -> None:
         """Show or fold away the text of a recall block (other messages ignore it)."""
@@ -144,6 +155,17 @@ class MessageWidget(Static, can_focus=True):
             return
         self.expanded = not self.expanded
         self.update(Group(self.header, message_body(self.turn, self.expanded)))
+
+    def mark_transcript_only(self, on: bool) -> None:
+        """Show (or drop) the note that only the transcript holds this turn now (re-rendered
+        only when that changes). An empty system turn stays its one dim line."""
+        if on == self.transcript_only:
+            return
+        self.transcript_only = on
+        self.set_class(on, "transcript-only")
+        self.header = turn_header(self.turn, transcript_only=on)
+        if not is_empty_system(self.turn):
+            self.update(Group(self.header, message_body(self.turn, self.expanded)))
 
     @property
     def turn_id(self) -> int:

@@ -7,7 +7,9 @@ or the load-older key) it posts `EdgeReached("top")`, the app fetches
 dropped to keep the bound. Dropped newer pages are remembered as (turn id after the page,
 count), which is enough to fetch them back with `page_before` or `tail` (the protocol has
 no `page_after`). Reading position is preserved across prepends and drops, and the view is
-anchored to the bottom (Textual's `anchor()`) unless the user scrolls away.
+anchored to the bottom (Textual's `anchor()`) unless the user scrolls away. Turns that only
+the transcript still holds (`ChatServiceProtocol.transcript_only`) carry a quiet mark the app
+renews after each reply and page load.
 """
 
 from __future__ import annotations
@@ -152,6 +154,20 @@ class ChatView(VerticalScroll):
             await self._drop(from_top=True)
             return widget
         return await self.append_turn(turn)
+
+    def mark_transcript_only(self, turn_ids: set[int]) -> None:
+        """Mark the turns only the transcript holds now (and unmark the rest). A mark can
+        change a header's height (a narrow terminal wraps it), so the reading position is
+        kept by the first turn in view, as page loads keep it."""
+        widgets = self.turn_widgets
+        if all(w.transcript_only == (w.turn_id in turn_ids) for w in widgets):
+            return
+        top = next((w for w in widgets if w.virtual_region.bottom > self.scroll_y), None)
+        self._hush()
+        keep = self._position_keeper([top] if top is not None else [])
+        for w in widgets:
+            w.mark_transcript_only(w.turn_id in turn_ids)
+        keep()
 
     async def _drop(self, *, from_top: bool) -> None:
         """Remove the widgets furthest from where the user is until the bound holds."""
