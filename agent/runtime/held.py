@@ -5,8 +5,8 @@ three sets of tokens of the stream it has read (n tokens, positions 0 .. n - 1):
 
 - the sinks: positions [0, min(S, n));
 - the window: the last W tokens, positions [max(S, n - W), n);
-- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L, B, G, M] names
-  the position each slot holds (-1: empty); slots differ across layers and heads, and a
+- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L, B, G, M] holds
+  1 + the position each slot holds (0: empty; `memory.py`); slots differ across layers and heads, and a
   position held by any of them counts.
 
 Everything else the state has read survives only in the GLA branch's lossy summary: for the
@@ -25,7 +25,7 @@ from agent.runtime.config import LaplaceConfig
 from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
-MEMORY = "mem_pos"  # the state tensor of memory slots' positions [L, B, G, M], -1 where empty
+MEMORY = "mem_pos"  # the state tensor of memory slots' positions + 1 [L, B, G, M], 0 where empty
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def held_positions(state: RecurrentState, config: LaplaceConfig) -> Held | None:
     (gla, ssd: every token is folded into a recurrent matrix).
 
     n is the state's positions tensor when it has one (the model's own count), else the
-    host's `n_tokens`. Memory positions outside [0, n) (empty slots, -1) are left out."""
+    host's `n_tokens`. Memory positions outside [0, n) (empty slots) are left out."""
     if config.mixer != "window":
         return None
     pos = state.positions
@@ -68,7 +68,7 @@ def held_positions(state: RecurrentState, config: LaplaceConfig) -> Held | None:
     memory: tuple[int, ...] = ()
     slots = state.tensors.get(MEMORY)
     if slots is not None and slots.numel():
-        row = slots[:, 0]  # [L, G, M]: batch is dim 1 of every state tensor
+        row = slots[:, 0] - 1  # [L, G, M] positions: batch is dim 1 of every state tensor
         row = row[(row >= 0) & (row < n)]
         memory = tuple(row.unique().tolist())  # unique() sorts
     return Held(n=n, sinks=range(0, min(S, n)), window=range(max(S, n - W), n), memory=memory)

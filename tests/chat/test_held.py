@@ -45,8 +45,8 @@ def test_turns_that_left_the_window_are_held_only_by_the_transcript(make_service
     # A memory slot (the lead's memory: positions per layer, batch row, kv head, slot) that
     # holds one token of an old turn brings that turn back into the state.
     back = turns[ids.index(min(gone))]
-    memory = torch.full((WINDOW.n_layers, 1, WINDOW.kv_heads, 3), -1, dtype=torch.long)
-    memory[1, 0, 1, 2] = back.token_start + 1
+    memory = torch.zeros((WINDOW.n_layers, 1, WINDOW.kv_heads, 3), dtype=torch.long)  # 0: empty
+    memory[1, 0, 1, 2] = back.token_start + 1 + 1  # mem_pos holds 1 + the position
     svc._state.tensors[MEMORY] = memory
     assert svc.transcript_only(ids) == gone - {back.id}
     del svc._state.tensors[MEMORY]

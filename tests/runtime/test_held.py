@@ -26,7 +26,7 @@ def state_after(n: int, memory: list[list[list[int]]] | None = None, batch: int 
     state.tensors["pos"] = torch.tensor([[n] + [1000] * (batch - 1)])
     state.n_tokens = n
     if memory is not None:
-        rows = torch.tensor(memory)[:, None]  # [L, 1, G, M]
+        rows = torch.tensor(memory)[:, None] + 1  # [L, 1, G, M], stored as mem_pos holds them: 1 + position, 0 empty
         other = torch.full_like(rows, 3)  # another row's memory must not leak into row 0's
         state.tensors[MEMORY] = torch.cat([rows, *[other] * (batch - 1)], 1)
     return state
