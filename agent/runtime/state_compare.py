@@ -69,16 +69,51 @@ def row_differences(a: Tensor, b: Tensor, floor: float = ROW_FLOOR) -> Tensor:
     return diff / torch.maximum(size, scale)
 
 
+# The window mixer's memory (memory.py) keeps the M best-scored evicted tokens; a token whose
+# score ties the M-th best within accumulation noise may be kept by one reading and not by
+# the other, and the slots are in position order. So the memory is compared token by token
+# (slots matched by position), and up to this share of a state's held tokens may differ.
+MEMORY_SWAP_SHARE = 0.05
+MEMORY_PARTS = ("mem_k", "mem_v", "mem_score", "mem_pos")
+
+
+def _memory_matched(stored: RecurrentState, replayed: RecurrentState) -> tuple[dict[str, tuple[Tensor, Tensor]], PartDifference]:
+    """The memory parts with the replay's slots moved to the stored state's order (slots
+    whose token the replay does not hold are zeroed in both), and the share that differ."""
+    a_pos, b_pos = stored.tensors["mem_pos"].cpu(), replayed.tensors["mem_pos"].cpu()
+    same = (a_pos[..., :, None] == b_pos[..., None, :]) & (a_pos != 0)[..., None]  # [L, B, G, M, M]
+    matched = same.any(-1)
+    at = same.float().argmax(-1)  # the replay's slot of each stored slot's token
+    held = int((a_pos != 0).sum()) + int((b_pos != 0).sum())
+    swapped = 0.0 if not held else 1.0 - 2 * int(matched.sum()) / held
+    out = {}
+    for name in MEMORY_PARTS[:3]:
+        a, b = stored.tensors[name].cpu(), replayed.tensors[name].cpu()
+        idx = at if a.dim() == at.dim() else at[..., None].expand(a.shape)
+        keep = matched if a.dim() == at.dim() else matched[..., None]
+        out[name] = (a * keep, b.gather(a.dim() - 1 if a.dim() == at.dim() else -2, idx) * keep)
+    part = PartDifference("mem_pos", 0.0 if swapped <= MEMORY_SWAP_SHARE else float("inf"), (), swapped)
+    return out, part
+
+
 def compare(stored: RecurrentState, replayed: RecurrentState) -> list[PartDifference]:
-    """Every part's worst row difference (an integer part: 0.0 when equal, inf when not).
+    """Every part's worst row difference (an integer part: 0.0 when equal, inf when not;
+    the memory's positions: 0.0 while at most MEMORY_SWAP_SHARE of its tokens differ).
     Raises ValueError when the two hold different parts or shapes."""
     if stored.names != replayed.names:
         raise ValueError(f"states hold different tensors: {stored.names} vs {replayed.names}")
-    out = []
     for name in stored.names:
-        a, b = stored.tensors[name], replayed.tensors[name]
-        if a.shape != b.shape:
-            raise ValueError(f"state part {name} has shape {tuple(a.shape)}, the replay {tuple(b.shape)}")
+        if stored.tensors[name].shape != replayed.tensors[name].shape:
+            raise ValueError(f"state part {name} has shape {tuple(stored.tensors[name].shape)}, the replay {tuple(replayed.tensors[name].shape)}")
+    memory: dict[str, tuple[Tensor, Tensor]] = {}
+    out = []
+    if "mem_pos" in stored.names:
+        memory, part = _memory_matched(stored, replayed)
+        out.append(part)
+    for name in stored.names:
+        if name == "mem_pos":
+            continue
+        a, b = memory.get(name) or (stored.tensors[name], replayed.tensors[name])
         if a.numel() == 0:
             out.append(PartDifference(name, 0.0, (), 0.0))
             continue
