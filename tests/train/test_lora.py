@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent.runtime.checkpoint import load_model, load_model_dir
-from agent.runtime.delta import DeltaError, apply_delta, read_delta, write_delta
+from agent.runtime.delta import DeltaError, apply_delta, read_delta, undo_delta, write_delta
 from agent.runtime.model import build_model
 from agent.train.config import TrainConfig, TrainConfigError
 from agent.train.data import IGNORE_INDEX, Document, pack
@@ -96,6 +96,33 @@ def test_add_delta_and_strict_refusals(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(1)}, str(path))  # no format in its header
     with pytest.raises(DeltaError, match="format"):
         read_delta(path)
+
+
+@pytest.mark.parametrize("fmt", ["add", "lora", "replace"])
+def test_undo_delta_takes_a_delta_out_again(tmp_path: Path, fmt: str) -> None:
+    model = build_model(window_config(), seed=0).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    key = "blocks.1.ffn.w2.weight"
+    gen = torch.Generator().manual_seed(1)
+    tensors = ({key: torch.randn(before[key].shape, generator=gen)} if fmt != "lora" else
+               {key + ".lora_A": torch.randn(3, before[key].shape[1], generator=gen),
+                key + ".lora_B": torch.randn(before[key].shape[0], 3, generator=gen)})
+    undo = read_delta(write_delta(tmp_path / "undo.safetensors", undo_delta(model, tensors, fmt), fmt), (fmt,))
+    apply_delta(model, tensors, fmt)
+    assert not torch.allclose(model.state_dict()[key], before[key], atol=1e-3)
+    apply_delta(model, *undo)
+    for k, v in model.state_dict().items():  # a replaced weight comes back exactly; an added one up to rounding
+        assert torch.equal(v, before[k]) if fmt == "replace" else torch.allclose(v, before[k], atol=1e-6, rtol=0), k
+
+
+def test_read_delta_names_a_truncated_file_and_a_format_it_was_not_asked_for(tmp_path: Path) -> None:
+    path = write_delta(tmp_path / "d.safetensors", {"blocks.0.ffn.w2.weight": torch.ones(4, 4)}, "add")
+    with pytest.raises(DeltaError, match=r"metadata format 'add' is not one of replace"):
+        read_delta(path, ("replace",))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(DeltaError, match="not a readable safetensors file") as err:
+        read_delta(path)
+    assert str(path) in str(err.value)
 
 
 def test_pack_rows_starts_every_document_on_a_row() -> None:

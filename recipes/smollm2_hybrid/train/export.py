@@ -6,6 +6,9 @@ directory with it in place of the import's initial branch.
 
 The file holds exactly the model's `blocks.{i}.attn.gla_branch.*` tensors (fp32: what was
 trained is what is measured and shipped), with the run's step and tokens in its metadata.
+It is a "replace" delta (agent/runtime/delta.py), the form the default model's build reads
+as the shipped `gla_branch.safetensors`; `--branch OLD --file NEW` rewrites a file written
+before that in this form.
 `--into` rewrites MODEL_DIR/model.safetensors with those tensors in place (every name must
 already be there with the same shape: a strict swap, nothing else changes).
 """
@@ -19,12 +22,14 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from agent.runtime.delta import write_delta
+
 
 def branch_of_run(run: Path) -> tuple[dict, dict[str, str]]:
     """The branch tensors of RUN_DIR's checkpoint (Adam's moments left out) and metadata."""
     meta = json.loads((run / "branch.json").read_text())
     tensors = {k: v for k, v in load_file(str(run / "branch.safetensors")).items() if ".gla_branch." in k and not k.startswith("adam.")}
-    info = {"format": "laplace-gla-branch/1", "step": str(meta["step"]), "tokens_seen": str(meta.get("tokens_seen", "")),
+    info = {"kind": "laplace-gla-branch/1", "step": str(meta["step"]), "tokens_seen": str(meta.get("tokens_seen", "")),
             "recipe": "recipes.smollm2_hybrid.train.transfer"}
     return tensors, info
 
@@ -58,7 +63,7 @@ def main() -> None:
             info = dict(f.metadata() or {})
         tensors = load_file(str(args.branch))
     if args.file:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.file), metadata=info)
+        write_delta(args.file, tensors, "replace", metadata={k: v for k, v in info.items() if k != "format"})
         print(f"wrote {args.file}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters, "
               f"step {info['step']}")
     if args.into:
