@@ -75,6 +75,12 @@ def registry() -> dict[str, BenchFn]:
 
         return bench_dtype(quick)
 
+    def window_memory(quick: bool) -> dict[str, Any]:
+        from agent.bench.window_memory import bench_window_memory
+        from agent.settings import Settings
+
+        return bench_window_memory(quick, models_dir=Settings.from_env().models_dir)  # the CLI passes its own Settings instead
+
     def serve(quick: bool) -> dict[str, Any]:
         from pathlib import Path
 
@@ -83,4 +89,4 @@ def registry() -> dict[str, BenchFn]:
         return run_pilot(PilotConfig.quick() if quick else PilotConfig(), Path("laplace-serve-report"))
 
     return {"kernel": kernel, "decode": decode, "batch": batch, "memory": memory, "finetune-memory": finetune_memory, "store": store, "train": train, "tui": tui,
-            "cpu1b": cpu1b, "llamacpp": llamacpp, "dtype": dtype, "serve": serve}
+            "cpu1b": cpu1b, "llamacpp": llamacpp, "dtype": dtype, "window-memory": window_memory, "serve": serve}

@@ -192,10 +192,10 @@ def bench_for_settings(settings: Any, quick: bool, **options: Any) -> dict[str, 
                           teacher_url=settings.default_model_url, **options)
 
 
-def under_load(doc: dict[str, Any]) -> bool:
-    """True when the written results hold a llamacpp run whose ratios are not valid."""
-    res = (doc.get("results") or {}).get("llamacpp") or {}
-    return res.get("ratios_valid") is False
+def under_load(doc: dict[str, Any]) -> list[str]:
+    """The benches in the written results whose ratios are not valid (llamacpp, window-memory:
+    measured on a busy machine); empty when none."""
+    return [name for name, res in (doc.get("results") or {}).items() if isinstance(res, dict) and res.get("ratios_valid") is False]
 
 
 def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str, verdict: Mapping[str, Any],

@@ -109,13 +109,16 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Smaller sizes, for a fast look."),
     out: str = typer.Option("laplace-bench.json", "--out", "-o", help="Where to write the JSON results."),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for dtype: the model whose dtypes to compare (default demo); for serve: the model to serve (default tiny); for llamacpp: default (the only model with its GGUF at hand)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="For cpu1b: a model to measure instead of the random 1B shape; for dtype: the model whose dtypes to compare (default demo); for window-memory: a window model (default: default); for serve: the model to serve (default tiny); for llamacpp: default (the only model with its GGUF at hand)."),
     shape: Optional[str] = typer.Option(None, "--shape", help="For llamacpp: the Mamba-2 rows' shape, mamba2-130m (default) | tiny, then key=value overrides."),
     report_dir: str = typer.Option("laplace-serve-report", "--report-dir", help="serve: where report.md, report.json and the PNGs go."),
     rates: Optional[str] = typer.Option(None, "--rates", help="serve: Poisson arrival rates in requests/s, e.g. 2,4,8."),
     duration: Optional[float] = typer.Option(None, "--duration", help="serve: seconds of arrivals per rate."),
     compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="serve: eager (Dynamo capture, fast), inductor, or none."),
     users: Optional[str] = typer.Option(None, "--users", help="serve: closed-loop phases, users sending back to back, e.g. 1,4,16."),
+    memory_slots: Optional[str] = typer.Option(None, "--memory-slots", help="window-memory: memory sizes M, e.g. 64,128 (default)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="window-memory: recall, attention or both (default recall,attention)."),
+    context: Optional[int] = typer.Option(None, "--context", help="window-memory: tokens read before the timed prefill and decode (default 2048)."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -134,19 +137,27 @@ def bench(
     if unknown:
         raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
     serve_flags = rates is not None or duration is not None or compile_backend is not None or users is not None
+    memory_flags = memory_slots is not None or policy is not None or context is not None
+    if memory_flags and "window-memory" not in chosen:
+        raise fail("--memory-slots, --policy and --context apply to the window-memory benchmark only: "
+                   "laplace bench window-memory -m MODEL --memory-slots 64,128")
+    window_memory = _window_memory_choices(memory_slots, policy) if "window-memory" in chosen else None
     if (model is not None or serve_flags) and chosen == ["serve"]:
         benches["serve"] = _serve_pilot(settings_of(ctx), model=model, report_dir=report_dir, rates=rates,
                                         duration=duration, compile_backend=compile_backend, users=users)
     elif serve_flags:
         raise fail("--rates, --duration, --users and --compile-backend apply to the serve benchmark only: "
                    "laplace bench serve ...")
+    elif model is not None and chosen == ["window-memory"]:
+        pass  # measured below, once the model is built
     elif model is not None and chosen == ["llamacpp"]:
         if model != "default":
             raise fail(f"llamacpp compares the default model with the GGUF it is built from; -m {model} has no such GGUF: "
                        "laplace bench llamacpp -m default")
     elif model is not None:
         if chosen not in (["cpu1b"], ["dtype"]):
-            raise fail("-m applies to the cpu1b, dtype, serve and llamacpp benchmarks only: laplace bench dtype -m MODEL")
+            raise fail("-m applies to the cpu1b, dtype, window-memory, serve and llamacpp benchmarks only: "
+                       "laplace bench dtype -m MODEL")
         from functools import partial
 
         from agent.bench.cpu1b import bench_cpu1b
@@ -167,19 +178,47 @@ def bench(
         from agent.bench.memory import bench_finetune_memory
 
         benches["finetune-memory"] = partial(bench_finetune_memory, models_dir=str(settings_of(ctx).models_dir))
-    if model is not None or "llamacpp" in chosen:  # the flags are checked: now build the default if it is needed
+    if model is not None or "llamacpp" in chosen or window_memory:  # the flags are checked: now build the default if it is needed
         from agent.cli.models import ensure_model
 
         ensure_model(settings_of(ctx), model or "default")
+    if window_memory:
+        benches["window-memory"] = _window_memory(settings_of(ctx), model or "default", *window_memory, context, quick)
     from agent.bench.llamacpp import BENCH_ERRORS, EXIT_UNDER_LOAD, under_load
 
     try:
         doc = run_benches(chosen, benches, quick=quick, out=Path(out), console=Console(width=200))
     except BENCH_ERRORS as exc:
         raise fail(str(exc)) from None
-    if under_load(doc):
-        raise fail(f"llamacpp: the machine was busy, so no ratio is valid (numbers written to {out}); run it again with "
-                   "nothing else running", code=EXIT_UNDER_LOAD)
+    busy = under_load(doc)
+    if busy:
+        raise fail(f"{', '.join(busy)}: the machine was busy, so no ratio is valid (numbers written to {out}); run it "
+                   "again with nothing else running", code=EXIT_UNDER_LOAD)
+
+
+def _window_memory_choices(memory_slots: Optional[str], policy: Optional[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """--memory-slots and --policy, checked before any model is built."""
+    from agent.bench.window_memory import parse_policies, parse_slots
+
+    try:
+        return parse_slots(memory_slots), parse_policies(policy)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def _window_memory(settings: Settings, model: str, slots: tuple[int, ...], policies: tuple[str, ...],
+                   context: Optional[int], quick: bool):  # type: ignore[no-untyped-def]
+    """`laplace bench window-memory` on `model`; a model or choice it cannot measure fails here, before any child."""
+    from functools import partial
+
+    from agent.bench.window_memory import bench_window_memory, plan
+
+    try:
+        plan(model, settings.models_dir, slots, policies, quick=quick, context=context)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return partial(bench_window_memory, model=model, models_dir=settings.models_dir, slots=slots, policies=policies,
+                   context=context)
 
 
 def _llamacpp(settings: Settings, shape: Optional[str]):  # type: ignore[no-untyped-def]

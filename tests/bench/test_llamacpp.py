@@ -182,7 +182,7 @@ def test_cli_under_load_from_others_during_the_run(fake_bench, tmp_path):
     (["bench", "llamacpp", "--shape", "tiny,warp=9"], "bad shape override"),
     (["bench", "llamacpp", "--shape", "mamba3"], "unknown shape"),
     (["bench", "decode", "--shape", "tiny"], "--shape applies to the llamacpp benchmark only"),
-    (["bench", "decode", "-m", "default"], "-m applies to the cpu1b, dtype, serve and llamacpp benchmarks only"),
+    (["bench", "decode", "-m", "default"], "-m applies to the cpu1b, dtype, window-memory, serve and llamacpp benchmarks only"),
 ], ids=["other-model", "bad-override", "unknown-shape", "shape-elsewhere", "m-elsewhere"])
 def test_cli_argument_errors(args, message, monkeypatch):
     monkeypatch.setattr("agent.cli.models.ensure_model", lambda *a: pytest.fail("no model is built for a bad command"))

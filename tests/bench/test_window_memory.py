@@ -1,0 +1,107 @@
+"""`laplace bench window-memory`: its arithmetic on made-up runs, its one-line refusals, and
+the --quick form end to end (real children) on a tiny random window model directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.bench import window_memory as wm
+from agent.bench.llamacpp import under_load
+from agent.cli import app
+from agent.runtime.checkpoint import LoadedModel, save_model_dir
+from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+from tests.runtime.test_window import window_model
+
+
+def model_dir(root, **kw):
+    """A tiny random window model (W 16, S 2) in int8 on its card, as the default model is."""
+    model = window_model(seed=0, mix=0.5, vocab_size=264, window=16, sinks=2, **kw)
+    return save_model_dir(LoadedModel(model, byte_level_tokenizer(), ChatTemplate(), name="tw"), root,
+                          card={"name": "tw", "dtype": "int8"})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("wm") / "tw")
+
+
+def run(decode: float, prefill: float, state: int) -> dict:
+    return {"decode_tok_s": decode, "prefill_tok_s": prefill, "state_bytes": state, "memory_bytes": 0,
+            "memory_filled": 1.0, "peak_rss_MB": 300.0, "weights": "int8", "threads": 2}
+
+
+def test_the_choices_parse_and_the_variants_start_with_the_window():
+    assert wm.parse_slots(None) == (64, 128) and wm.parse_policies(None) == ("recall", "attention")
+    assert wm.parse_slots("128, 64,128") == (128, 64) and wm.parse_policies("attention") == ("attention",)
+    assert [v.name for v in wm.variants((64,), ("recall", "attention"))] == ["window", "recall-64", "attention-64"]
+    for bad in ("0", "64,-1", "x", ","):
+        with pytest.raises(ValueError, match="--memory-slots"):
+            wm.parse_slots(bad)
+    with pytest.raises(ValueError, match="--policy takes recall and/or attention"):
+        wm.parse_policies("recall,lru")
+
+
+def test_ratios_are_time_per_token_and_the_decode_floor_needs_a_quiet_machine(tiny):
+    p = wm.plan(str(tiny), None, (64, 128), ("attention",), quick=False)
+    assert p.sizes == wm.Sizes(2048, 512, 128, 3)
+    runs = {"window": run(100.0, 1000.0, 20 * wm.MB), "attention-64": run(90.0, 800.0, 30 * wm.MB),
+            "attention-128": run(50.0, 500.0, 33 * wm.MB)}
+    quiet = {"valid": True, "reasons": [], "load_before": 0.1, "load_after": 1.9, "others_cpu_share_max": 0.0,
+             "max_load": 0.5, "max_others": 0.1}
+    res = wm.report(p, "tw", runs, quiet, quick=False)
+    v = res["variants"]
+    assert v["window"]["decode_time_ratio"] == 1.0 and v["window"]["floors_met"] is True
+    assert v["attention-64"]["decode_time_ratio"] == pytest.approx(1.111, abs=1e-3)
+    assert v["attention-64"]["prefill_time_ratio"] == 1.25 and v["attention-64"]["floors_met"] is True
+    assert v["attention-128"]["floors"] == {"decode_time": False, "state": False}
+    assert [r["note"] for r in res["rows"]] == ["floors met", "floors met", "below floor: decode over 1.2x, state over 32 MB"]
+    assert res["summary"]["floors"] == "met by attention-64" and res["ratios_valid"] is True
+    busy = {**quiet, "valid": False, "reasons": ["1-min load average 2.00 before the run, over 0.5"], "load_before": 2.0}
+    res = wm.report(p, "tw", runs, busy, quick=False)
+    assert res["ratios_valid"] is False and res["variants"]["attention-64"]["floors_met"] is None
+    assert res["variants"]["attention-128"]["floors"] == {"decode_time": None, "state": False}  # arithmetic: judged anyway
+    assert res["rows"][2]["note"] == "NOT VALID: measured under load; state over 32 MB"
+    assert under_load({"results": {"decode": {}, "window-memory": res}}) == ["window-memory"]
+
+
+def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_path):
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(app, ["bench", "window-memory", "-m", str(tiny), "--quick", "--memory-slots", "4",
+                                 "--out", str(out)])
+    res = json.loads(out.read_text())["results"]["window-memory"]
+    assert r.exit_code == (0 if res["ratios_valid"] else 3), r.output  # a busy machine: numbers kept, exit 3
+    v = res["variants"]
+    assert list(v) == ["window", "recall-4", "attention-4"]
+    assert res["sizes"] == {"context": 2 + 16 + 4 + wm.QUICK_PAST_FULL, "prefill": 64, "decode": 8, "rounds": 1}
+    for name, x in v.items():
+        assert x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["peak_rss_MB"] > 0 and x["weights"] == "int8"
+        assert x["decode_time_ratio"] > 0 and x["prefill_time_ratio"] > 0 and x["floors"]["state"] is True
+    assert v["window"]["decode_time_ratio"] == 1.0 and v["window"]["memory_bytes"] == 0
+    # 2 layers x 2 kv heads x 4 slots x (key and value of 8 floats, a float score, an int64 position)
+    assert v["recall-4"]["memory_bytes"] == v["attention-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
+    assert v["recall-4"]["state_bytes"] == v["window"]["state_bytes"] + v["recall-4"]["memory_bytes"]
+    assert v["recall-4"]["memory_filled"] == v["attention-4"]["memory_filled"] == 1.0
+    assert "window-memory" in r.output and "ratios_valid" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--memory-slots=-4"], "--memory-slots takes memory sizes of 1 or more"),
+    (["--policy", "lru"], "--policy takes recall and/or attention"),
+    (["--policy", "recall"], "has no GLA branch, and the recall policy scores tokens by its recall error: use --policy attention"),
+    (["--context", "20", "--policy", "attention"], "--context 20 leaves the memory part empty"),
+    (["-m", "demo"], "has the gla mixer; this bench measures the window mixer's memory"),
+], ids=["negative-M", "unknown-policy", "recall-without-branch", "short-context", "not-a-window-model"])
+def test_bad_input_is_a_one_line_error_before_any_child(args, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(wm, "run_variant", lambda *a: pytest.fail("no child runs for a bad command"))
+    plain = model_dir(tmp_path / "plain", gla_branch=False)
+    args = args if "-m" in args else ["-m", str(plain), *args]
+    r = CliRunner().invoke(app, ["bench", "window-memory", "--quick", "--out", str(tmp_path / "b.json"), *args])
+    assert r.exit_code == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.output
+
+
+def test_its_flags_belong_to_it():
+    r = CliRunner().invoke(app, ["bench", "decode", "--memory-slots", "64"])
+    assert r.exit_code == 1 and "apply to the window-memory benchmark only" in r.stderr
