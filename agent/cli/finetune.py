@@ -69,7 +69,7 @@ def finetune_command(
     pack: str = typer.Option("stream", "--pack", help="stream: documents run on across rows | rows: each document starts a row (padding is never trained)."),
     on_bad: str = typer.Option("skip", "--on-bad", help="skip | error: what to do with bad data records."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | neuron (default: settings)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (GPU/Trainium only)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (bf16 autocast where a start-up check finds it fast: GPU, Trainium, a CPU with fast bf16 matmuls)."),
     seed: int = typer.Option(0, "--seed"),
     distributed: bool = typer.Option(False, "--distributed", help="Run under torchrun with FSDP2 + distributed Muon."),
     nproc: int = typer.Option(2, "--nproc-per-node", help="Processes for --distributed."),

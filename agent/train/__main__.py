@@ -57,7 +57,7 @@ _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--keep", "keep", int, "numbered checkpoints to keep, newest first"),
     ("--on-bad", "on_bad", str, "skip | error: what to do with bad data records"),
     ("--device", "device", str, "auto | cpu | cuda | neuron"),
-    ("--dtype", "dtype", str, "float32 | bfloat16 (bf16 only on GPU/Trainium)"),
+    ("--dtype", "dtype", str, "float32 | bfloat16 (where a start-up check finds bf16 fast)"),
     ("--seed", "seed", int, "data-order seed"),
 ]
 
