@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--state-mb", type=int, default=512, help="state of the rows read in one call, at most")
         p.add_argument("--quick", action="store_true", help="a smoke run: one short length or distance, one trial")
+        p.add_argument("--skip", type=_words, default=[], help="variants left out, e.g. full,window (a screen of policies)")
         p.add_argument("--out", type=Path, required=True)
     cmds["passkey"].add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8192])
     cmds["passkey"].add_argument("--trials", type=int, default=10)
@@ -351,7 +352,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     log: Log = lambda m: print(f"[{time.perf_counter() - t0:6.0f} s] {m}", flush=True)  # noqa: E731
     lm = load_model_dir(args.model)
-    vs = variants(args.memory_slots, args.policy)
+    vs = [v for v in variants(args.memory_slots, args.policy) if v.name not in args.skip]
     for v in vs:  # a bad variant fails now, not after an hour of the others
         variant_config(lm.config, v, 1)
     log(f"{lm.name} W={lm.config.window} S={lm.config.sinks}; variants {', '.join(v.name for v in vs)}")
