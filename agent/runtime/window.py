@@ -92,6 +92,7 @@ def window_attention(
     q: Tensor, k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
     *, window: int, sinks: int, theta: float, block: int,
     memory: dict[str, Tensor] | None = None, ev_score: Tensor | None = None,
+    evicted: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor] | None]:
     """Softmax attention over sinks + window (+ the memory), and the ring (and memory) update.
 
@@ -102,6 +103,7 @@ def window_attention(
     memory (`memory.py`; None: no memory): mem_k, mem_v, mem_score, mem_pos of the layer;
     ev_score [B, T, G]: the score of the token leaving at each step (the "recall" policy,
     computed by the caller from the branch), or None: the "attention" policy, computed here.
+    evicted: `evictions(...)` of this call when the caller has it already (the branch's inputs).
 
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
     relative to each query's max score; new win_k, new win_v; evicted ev_k (un-rotated),
@@ -138,7 +140,7 @@ def window_attention(
     ring_epoch = torch.div(ring_pos - S, W, rounding_mode="floor")
     # Step i evicts position t0 - W + i: an old ring entry for i < W (rotated back from its
     # slot's angle), the call's token i - W after.
-    ev_k, ev_v, ev_ok = evictions(k, v, win_k, win_v, pos, lengths, window=W, sinks=S, theta=theta)
+    ev_k, ev_v, ev_ok = evicted or evictions(k, v, win_k, win_v, pos, lengths, window=W, sinks=S, theta=theta)
     ev_k, ev_v = ev_k.transpose(1, 2), ev_v.transpose(1, 2)  # [B, G, T, D]
     qh = q.transpose(1, 2).reshape(B, G, R, T, D) * D**-0.5
     q_lo = rope(qh, new_slot[:, None, None, :], theta)
@@ -258,8 +260,8 @@ def hybrid_attention_naive(
             decay = (gc[:, t + 1, None] - gc[:, [p + W + 1 for p in ev]]).exp() if ev else None  # [B, E, H]: steps p + W + 1 .. t
         if M and ev:
             p = ev[-1]  # the token that left at this step
+            q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)  # [B, H, D]: distance W
             if memory_policy == "attention":
-                q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)  # [B, H, D]
                 s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
                 w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
             else:  # the branch's read of p's own key, right after writing it
@@ -276,8 +278,7 @@ def hybrid_attention_naive(
                     best = sorted(ev, key=lambda e: (scores[b, kv, e], e), reverse=True)[:M]
                     for e in best:
                         held[b, kv * R : (kv + 1) * R, ev.index(e)] = True
-            q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)[:, :, None]  # distance W
-            s_mem = (q_w * kd[:, ev].transpose(1, 2)).sum(-1) / math.sqrt(D)
+            s_mem = (q_w[:, :, None] * kd[:, ev].transpose(1, 2)).sum(-1) / math.sqrt(D)
             s = torch.cat([s, s_mem.masked_fill(~held, float("-inf"))], -1)
             vals = torch.cat([vals, vd[:, ev].transpose(1, 2)], 2)
         w = (s - s.amax(-1, keepdim=True)).exp()
@@ -396,15 +397,15 @@ class WindowAttention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self._qkv(x)
         memory = {n: layer[n] for n in MEMORY_NAMES} if c.memory_slots else None
-        branch = ev_score = None
-        if self.gla_branch is not None:
-            ev_k, ev_v, ev_ok = evictions(k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks, theta=c.rope_theta)
-            branch = self.branch_inputs(x, q, ev_k, ev_v, ev_ok, lengths)
+        branch = ev_score = evicted = None
+        if self.gla_branch is not None:  # the branch reads what leaves the window: found once, here
+            evicted = evictions(k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks, theta=c.rope_theta)
+            branch = self.branch_inputs(x, q, *evicted, lengths)
             if memory is not None and c.memory_policy == "recall":
                 ev_score = self.recall_scores(branch, layer["gla"])
         num, den, win_k, win_v, *_, memory = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
-            theta=c.rope_theta, block=c.chunk_size, memory=memory, ev_score=ev_score)
+            theta=c.rope_theta, block=c.chunk_size, memory=memory, ev_score=ev_score, evicted=evicted)
         out = {"win_k": win_k, "win_v": win_v} | (memory or {})
         if branch is None:
             y = combine(num, den, None, None, None, c.combine)
