@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CONFIG_FORMAT_VERSION = 1
+MEMORY_POLICIES = ("recall", "attention", "novelty")  # how the window's memory scores evicted tokens (memory.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +84,7 @@ class LaplaceConfig:
     feature_dim: int = 0  # columns of the hedgehog map (0: the head dim); its features are twice that
     combine: str = "softmax"  # "softmax": one normalisation (LoLCATs); "gated": window + gate * GLA
     memory_slots: int = 0  # M: evicted tokens kept per layer and kv head, read with the window (0: none)
-    memory_policy: str = "recall"  # which evicted tokens it keeps: "recall" (LoLA) or "attention" (TOVA)
+    memory_policy: str = "recall"  # which evicted tokens it keeps: "recall" (LoLA), "attention" (TOVA) or "novelty"
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -101,7 +102,7 @@ class LaplaceConfig:
                 f"config format version {self.format_version} is not supported (this laplace reads {CONFIG_FORMAT_VERSION}); upgrade laplace"
             )
         choices = {"mixer": ("gla", "ssd", "window"), "gate": ("headnorm", "silu", "rmsnorm"), "conv_activation": ("silu", "identity"),
-                   "feature_map": ("hedgehog", "elu"), "combine": ("softmax", "gated"), "memory_policy": ("recall", "attention")}
+                   "feature_map": ("hedgehog", "elu"), "combine": ("softmax", "gated"), "memory_policy": MEMORY_POLICIES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config field {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
@@ -134,7 +135,7 @@ class LaplaceConfig:
         if self.window <= 0 or self.sinks < 0 or self.feature_dim < 0 or self.rope_theta <= 0 or self.memory_slots < 0:
             raise ValueError("the window mixer needs window >= 1, sinks >= 0, feature_dim >= 0, memory_slots >= 0 and rope_theta > 0")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
-            raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention'")
+            raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:
             raise ValueError("need 0 < half_life_min <= half_life_max")
         if (self.n_qk_heads or not self.qk_scale or self.d_skip or self.v_times_dt or self.gate != "headnorm"

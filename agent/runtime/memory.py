@@ -22,16 +22,31 @@ The scores (the policy; chosen by measurement, recipes/smollm2_hybrid/measure/me
 - "attention", TOVA's: the softmax weight that the query of step t gives the leaving key at
   RoPE distance W, normalised over sinks and window (not the memory, so a block's scores are
   known before its memory is), mean over the kv head's query heads.
+- "novelty": how unlike every key still in the window the leaving key is,
+  max(0, 1 - TWIN - max_j cos(k, k_j)) over the W keys that remain once it has left (positions
+  p + 1 .. p + W for the token at p), un-rotated, per kv head. Repetitive text (filler, common
+  words) has a near-twin in the window and scores 0; a name, number or pass key said once has
+  none, so the memory keeps what nothing later repeats. Keys, not key ++ value: the memory is
+  read by key, so a leaving key with a near-twin in the window is one whose queries the window
+  already answers (with the twin's value); values would double the cost of the score. Not yet
+  measured against k ++ v on a model. The window is fixed at the step the token leaves, so
+  the score is too. The ring holds its keys rotated to their slots' angles: they are rotated
+  back first (cos(R_a x, R_b y) != cos(x, y) for a != b, so no shortcut on rotated keys).
+  TWIN: an exact twin read back through the ring's rotation has a cosine of 1 up to rounding
+  (1e-7); within TWIN it scores exactly 0, so a prefill and a token-by-token decode rank it
+  the same (a tie at 0 goes to the later token, as every tie does).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from agent.runtime.layers import StateSpec
 
 MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")
+TWIN = 1e-4  # "novelty": a key within this cosine of a window key is a repeat (score 0); see above
 EMPTY = 0  # mem_pos of a slot that holds no token (its key, value and score are 0 too)
 
 
@@ -89,3 +104,13 @@ def recall_error(v: Tensor, o: Tensor) -> Tensor:
     z = o[..., D : D + 1]
     back = torch.where(z > 0, o[..., :D] / z.clamp_min(1e-30), 0.0)
     return (v - back).square().sum(-1).mean(-1)
+
+
+def novelty(k: Tensor, keys: Tensor, ok: Tensor | None) -> Tensor:
+    """The "novelty" score: k [B, G, c, D] the keys leaving at c steps, keys [B, G, N, D] keys
+    that may be in the window, ok [B, c, N]: whether key j is in the window that remains after
+    step i's token has left (None: all are), all un-rotated -> [B, G, c]:
+    max(0, 1 - TWIN - max_j cos(k_i, k_j))."""
+    cos = F.normalize(k, dim=-1) @ F.normalize(keys, dim=-1).transpose(-1, -2)  # [B, G, c, N]
+    near = (cos if ok is None else cos.masked_fill(~ok[:, None], -1.0)).amax(-1)
+    return (1.0 - TWIN - near).clamp_min(0.0)

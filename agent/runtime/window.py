@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
-from agent.runtime.memory import MEMORY_NAMES, admit, memory_spec, recall_error
+from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, memory_spec, novelty, recall_error
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -91,7 +91,7 @@ def evictions(k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, l
 def window_attention(
     q: Tensor, k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
     *, window: int, sinks: int, theta: float, block: int,
-    memory: dict[str, Tensor] | None = None, ev_score: Tensor | None = None,
+    memory: dict[str, Tensor] | None = None, memory_policy: str = "attention", ev_score: Tensor | None = None,
     evicted: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor] | None]:
     """Softmax attention over sinks + window (+ the memory), and the ring (and memory) update.
@@ -101,8 +101,9 @@ def window_attention(
     [B]: real tokens per row (the rest is padding and writes nothing), or None.
 
     memory (`memory.py`; None: no memory): mem_k, mem_v, mem_score, mem_pos of the layer;
-    ev_score [B, T, G]: the score of the token leaving at each step (the "recall" policy,
-    computed by the caller from the branch), or None: the "attention" policy, computed here.
+    memory_policy: how a leaving token is scored: "attention" and "novelty" here, "recall" by
+    the caller from the branch, which passes ev_score [B, T, G] (the score of the token
+    leaving at each step; used whenever given).
     evicted: `evictions(...)` of this call when the caller has it already (the branch's inputs).
 
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
@@ -148,6 +149,8 @@ def window_attention(
     q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
     if memory is not None:  # memory keys are stored un-rotated and read at distance W
         q_mem = rope(qh, torch.full((1,), float(W), device=dev), theta)
+    if memory is not None and ev_score is None and memory_policy == "novelty":
+        ring_un = rope(win_k[:, :, S:], -(S + jw), theta)  # the ring's window keys, un-rotated
 
     def window_scores(i0: int, i1: int, keys: Tensor, same: Tensor) -> Tensor:
         """Scores of queries i0:i1 against rotated window keys [B, G, N, D]; same [B, c, N]."""
@@ -165,13 +168,13 @@ def window_attention(
             ok = js[None, None, :] <= tq  # [B, c, S]
             parts.append((q_sink[..., i0:i1, :] @ out_k[:, :, None, :S].transpose(-1, -2), ok, out_v[:, :, None, :S]))
         if i0 < W:  # a query i < W still sees part of the ring
-            ok = (ring_pos[:, None, :] > tq - W) & (ring_pos[:, None, :] >= S)  # [B, c, W]
-            parts.append((window_scores(i0, i1, win_k[:, :, S:], ring_epoch[:, None, :] == eq), ok, win_v[:, :, None, S:]))
+            ring_ok = (ring_pos[:, None, :] > tq - W) & (ring_pos[:, None, :] >= S)  # [B, c, W]
+            parts.append((window_scores(i0, i1, win_k[:, :, S:], ring_epoch[:, None, :] == eq), ring_ok, win_v[:, :, None, S:]))
         j0 = max(0, i0 - W + 1)  # the call's keys j any query of the block sees: i - W < j <= i
         j = it[None, j0:i1]
-        ok = (j <= i) & (j > i - W) & (new_pos[:, None, j0:i1] >= S)  # [B, c, i1 - j0]
+        call_ok = (j <= i) & (j > i - W) & (new_pos[:, None, j0:i1] >= S)  # [B, c, i1 - j0]
         same = epoch[:, None, j0:i1] == eq
-        parts.append((window_scores(i0, i1, kr[:, :, j0:i1], same), ok, vn[:, :, None, j0:i1]))
+        parts.append((window_scores(i0, i1, kr[:, :, j0:i1], same), call_ok, vn[:, :, None, j0:i1]))
         scores = [s.masked_fill(~ok[:, None, None], float("-inf")) for s, ok, _ in parts]
         # Every query sees at least one key (itself, or sink 0 while t < S): m is finite.
         m = torch.stack([s.amax(-1) for s in scores]).amax(0)[..., None]
@@ -180,11 +183,16 @@ def window_attention(
         den = sum(p.sum(-1) for p in probs)
         if memory is not None:  # the block's evictions enter the memory, then its queries read it
             kb, vb = ev_k[:, :, i0:i1], ev_v[:, :, i0:i1]
-            if ev_score is None:  # "attention": the weight the step's query gives its leaving key
+            if ev_score is not None:
+                score = ev_score[:, i0:i1].transpose(1, 2)
+            elif memory_policy == "novelty":  # against the keys the step's query sees in the window
+                win_keys, win_ok = kn[:, :, j0:i1], call_ok
+                if i0 < W:
+                    win_keys, win_ok = torch.cat([ring_un, win_keys], 2), torch.cat([ring_ok, win_ok], 2)
+                score = novelty(kb, win_keys, win_ok)
+            else:  # "attention": the weight the step's query gives its leaving key
                 s_ev = (q_mem[..., i0:i1, :] * kb[:, :, None]).sum(-1)  # [B, G, R, c]
                 score = ((s_ev - m[..., 0]).exp() / den).mean(2)
-            else:
-                score = ev_score[:, i0:i1].transpose(1, 2)
             ck, cv, alive, memory = admit(memory, kb, vb, score, new_pos[:, i0:i1] - W + 1, ev_ok[:, i0:i1])
             s_mem = (q_mem[..., i0:i1, :] @ ck[:, :, None].transpose(-1, -2)).masked_fill(
                 ~alive.transpose(-1, -2)[:, :, None], float("-inf"))  # [B, G, R, c, M + c]
@@ -264,6 +272,9 @@ def hybrid_attention_naive(
             if memory_policy == "attention":
                 s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
                 w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
+            elif memory_policy == "novelty":  # against the W keys left in the window: p + 1 .. t
+                near = F.cosine_similarity(kd[:, p, :, None], kd[:, win].transpose(1, 2), dim=-1).amax(-1)  # [B, H]
+                w_ev = (1.0 - TWIN - near).clamp_min(0.0)
             else:  # the branch's read of p's own key, right after writing it
                 a = torch.einsum("bhf,behf->beh", phi_k[:, p].double(), phi_k[:, ev].double()) * scale * decay
                 back = torch.einsum("beh,behd->bhd", a, vd[:, ev]) / a.sum(1)[..., None]
@@ -405,7 +416,8 @@ class WindowAttention(nn.Module):
                 ev_score = self.recall_scores(branch, layer["gla"])
         num, den, win_k, win_v, *_, memory = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
-            theta=c.rope_theta, block=c.chunk_size, memory=memory, ev_score=ev_score, evicted=evicted)
+            theta=c.rope_theta, block=c.chunk_size, memory=memory, memory_policy=c.memory_policy, ev_score=ev_score,
+            evicted=evicted)
         out = {"win_k": win_k, "win_v": win_v} | (memory or {})
         if branch is None:
             y = combine(num, den, None, None, None, c.combine)

@@ -12,7 +12,9 @@ token), in the fewest ops a step can take:
   the slots that hold no key in the window;
 - the GLA branch (if on) takes the key leaving the ring (the slot's old content, rotated
   back) and steps the Simple-GLA state in place (`gla.gla_step_`'s update, written here
-  with the appended ones column as a separate add rather than a concatenated value).
+  with the appended ones column as a separate add rather than a concatenated value);
+- the memory (if on) scores the leaving key ("novelty" against the ring's window slots
+  rotated back with a per-slot table), admits it (`memory.admit`) and is read at angle W.
 
 Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
 choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor
 
 from agent.runtime.layers import f32, project, rope_cos_sin
-from agent.runtime.memory import EMPTY, MEMORY_NAMES, admit, recall_error
+from agent.runtime.memory import EMPTY, MEMORY_NAMES, admit, novelty, recall_error
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -53,6 +55,8 @@ class StepTables:
     bias: Tensor
     cos_mem: Tensor  # [D]: the angle W the query reads the memory's un-rotated keys at
     sin_mem: Tensor
+    cos_ring: Tensor  # [W, D]: the window slots' angles S .. S + W - 1 (to rotate their keys back)
+    sin_ring: Tensor
 
 
 _TABLES: dict[tuple, StepTables] = {}
@@ -79,7 +83,8 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         row = torch.where(sink, 0, torch.where(s <= slot_t, 1, 2))
         bias = torch.zeros(valid.shape, device=device).masked_fill(~valid, float("-inf"))
         cos_m, sin_m = rope_cos_sin(torch.full((1,), W, device=device), dim, theta)
-        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign)
+        cos_r, sin_r = rope_cos_sin(torch.arange(S, S + W, device=device), dim, theta)
+        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign)
     return _TABLES[key]
 
 
@@ -155,6 +160,10 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
         qm = torch.addcmul(qs * tabs.cos_mem, qs.roll(half, -1), tabs.sin_mem)  # [B, G, R, D] at angle W
         if c.memory_policy == "attention":
             score = ((qm * ev_k[:, :, None]).sum(-1) - m[..., 0]).exp().div(den).mean(-1)  # [B, G]
+        elif c.memory_policy == "novelty":  # the ring's window slots, after the write: the W keys left
+            ring = win_k[:, :, S:]
+            keys = ring * tabs.cos_ring - ring.roll(half, -1) * tabs.sin_ring  # rotated back
+            score = novelty(ev_k[:, :, None], keys, None)[..., 0]
         else:
             score = recall_error(ev_v[:, :, None].expand(B, G, R, D), (phi_k @ gla)[..., 0, :])
         mem = {n: state[n] for n in MEMORY_NAMES}

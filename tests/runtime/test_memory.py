@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agent.runtime.generation import EagerRunner
-from agent.runtime.memory import EMPTY, admit
+from agent.runtime.memory import EMPTY, admit, novelty
 from agent.runtime.state import RecurrentState
 from agent.runtime.window import naive_forward
 from tests.runtime.test_window import window_model
@@ -24,6 +24,11 @@ GRID = [
     pytest.param(dict(memory_slots=3, memory_policy="recall", combine="softmax"), id="recall-softmax"),
     pytest.param(dict(memory_slots=5, memory_policy="recall", combine="gated", n_kv_heads=1), id="recall-gated-mqa"),
 ]
+NOVELTY = [
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False), id="novelty-window-only"),
+    pytest.param(dict(memory_slots=3, memory_policy="novelty", combine="gated", n_kv_heads=1), id="novelty-gated-mqa"),
+]
+GRID += NOVELTY
 
 
 def test_admit_keeps_the_best_m_of_the_stream_in_position_order():
@@ -67,7 +72,7 @@ def test_fast_path_with_memory_equals_the_per_query_reference(kw):
     assert (state.tensors["mem_pos"] != EMPTY).all()  # full by now
 
 
-@pytest.mark.parametrize("kw", GRID[:3])
+@pytest.mark.parametrize("kw", GRID[:3] + NOVELTY[:1])
 def test_the_memory_changes_the_logits_only_past_s_plus_w(kw):
     """Within S + W the memory holds nothing and the model is the window-only teacher
     exactly; past it the memory moves the logits well beyond the tolerance."""
@@ -124,8 +129,9 @@ def test_lean_step_with_memory_equals_forward_token_by_token(kw):
     assert lean.allclose(ref, rtol=1e-5, atol=1e-5)
 
 
-def test_decode_token_by_token_equals_chunked_prefill_with_memory():
-    model = window_model(memory_slots=4, memory_policy="recall")
+@pytest.mark.parametrize("policy", ["recall", "novelty"])
+def test_decode_token_by_token_equals_chunked_prefill_with_memory(policy):
+    model = window_model(memory_slots=4, memory_policy=policy)
     ids = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(6)).tolist()
     with torch.no_grad():
         last, chunked = EagerRunner(model, segment_len=16).prefill(ids)
@@ -138,8 +144,9 @@ def test_decode_token_by_token_equals_chunked_prefill_with_memory():
         torch.testing.assert_close(state.tensors[name], chunked.tensors[name], rtol=1e-5, atol=1e-5)
 
 
-def test_padded_and_batched_rows_with_memory_are_independent():
-    model = window_model(memory_slots=3, memory_policy="attention")
+@pytest.mark.parametrize("policy", ["attention", "novelty"])
+def test_padded_and_batched_rows_with_memory_are_independent(policy):
+    model = window_model(memory_slots=3, memory_policy=policy)
     ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         _, prefix = model(ids[:, :20])
@@ -179,3 +186,63 @@ def test_state_with_memory_is_fixed_size_and_positions_stay_bounded():
 def test_recall_policy_needs_the_branch():
     with pytest.raises(ValueError, match="memory_policy 'recall'"):
         window_model(memory_slots=4, memory_policy="recall", gla_branch=False)
+
+
+def test_novelty_policy_needs_no_branch_and_unknown_policies_are_refused():
+    assert window_model(memory_slots=4, memory_policy="novelty", gla_branch=False).config.memory_policy == "novelty"
+    with pytest.raises(ValueError, match="memory_policy must be one of recall, attention, novelty"):
+        window_model(memory_slots=4, memory_policy="lru")
+
+
+def periodic(T: int, period: int, unique_at: int, filler: tuple[int, ...] = (5, 6, 7), unique: int = 42) -> list[int]:
+    """A filler of `period` tokens repeated, with one token said once at `unique_at`."""
+    ids = [filler[i % period] for i in range(T)]
+    ids[unique_at] = unique
+    return ids
+
+
+def test_novelty_scores_a_repeated_key_zero_and_a_key_said_once_high():
+    """Keys of a period-3 filler and one key said once, as the window leaves them behind:
+    every filler key has its twin among the W keys after it (score exactly 0, also when the
+    twin went through rounding), the one-off key has none."""
+    gen = torch.Generator().manual_seed(0)
+    W, D, T = 6, 8, 30  # W >= 2 periods: the filler key the one-off one displaced has its next twin in the window too
+    vocab = torch.randn(4, D, generator=gen)
+    ids = periodic(T, 3, 11, filler=(0, 1, 2), unique=3)
+    keys = vocab[ids] * torch.linspace(0.5, 2.0, T)[:, None]  # the norm does not matter, the direction does
+    # A twin that went through rounding (the ring's rotation and back) is a twin: 1 - cos ~ 1e-6.
+    keys[1::2] += 1e-3 * keys[1::2].norm(dim=-1, keepdim=True) * torch.randn(keys[1::2].shape, generator=gen) / D**0.5
+    leaving = torch.arange(T - W)  # the token at p leaves with p + 1 .. p + W left in the window
+    j = torch.arange(T)
+    ok = (j[None, :] > leaving[:, None]) & (j[None, :] <= leaving[:, None] + W)
+    score = novelty(keys[None, None, : T - W], keys[None, None], ok[None])[0, 0]
+    assert score[11] > 0.1
+    assert (score[torch.arange(T - W) != 11] == 0).all()
+    # With the window that includes the leaving key itself (an off-by-one), it would be 0 too.
+    self_ok = (j[None, :] >= leaving[:, None]) & (j[None, :] <= leaving[:, None] + W)
+    assert novelty(keys[None, None, : T - W], keys[None, None], self_ok[None])[0, 0, 11] == 0
+
+
+@pytest.mark.parametrize("split", [(60,), (1,) * 60, (9, 4, 30, 17)], ids=["one-pass", "token-by-token", "pieces"])
+def test_novelty_memory_keeps_the_token_said_once_not_the_filler(split):
+    """A period-3 filler with one token said once, M = 1: in layer 0 (where a key is a function
+    of its token alone, so every filler key has an exact twin in the window) the memory holds
+    the most recent filler until the one-off token leaves the window, then that token for
+    good, whatever the filler that keeps leaving after it; however the stream is split."""
+    model = window_model(memory_slots=1, memory_policy="novelty", gla_branch=False)
+    c = model.config
+    unique_at = 12
+    ids = torch.tensor([periodic(60, 3, unique_at)])
+    leaves = unique_at + c.window  # the step at which it leaves
+    state, pos, held = None, 0, {}
+    with torch.no_grad():
+        for n in split:
+            _, state = model(ids[:, pos : pos + n], state)
+            pos += n
+            held[pos] = state.tensors["mem_pos"][0, 0].flatten().tolist()  # layer 0, row 0: [G * M]
+    for end, slots in held.items():
+        last = end - 1  # the last step read
+        if last >= leaves:
+            assert slots == [unique_at + 1] * c.kv_heads, (end, slots)
+        elif last >= c.sinks + c.window:  # filler only has left: all 0, the latest wins the tie
+            assert slots == [last - c.window + 1] * c.kv_heads, (end, slots)
