@@ -5,7 +5,7 @@ Issue 37's floor: decode at most 1.2x the window-only model's time per token, an
 state at most 32 MB (MiB, as every MB here) per session.
 
 Variants: `window` (memory_slots 0: the baseline), then `POLICY-M` for each M in
---memory-slots (64,128) and each policy in --policy (recall,attention). Each runs in its own
+--memory-slots (64,128) and each policy in --policy (recall,attention,novelty). Each runs in its own
 child process (`python -m agent.bench.window_memory_child`, so its timings and peak RSS are
 its own) on the model loaded as chat loads it (its card's dtype), only the config changed:
 - prefill tok/s of a 512-token segment read after --context tokens (2048: past S + W + M,
@@ -34,10 +34,11 @@ from typing import Any, Callable, Sequence
 from agent.bench.llamacpp import settle
 from agent.bench.llamacpp_measure import MeasureError, child_env, run_child
 from agent.bench.llamacpp_report import MAX_LOAD, MAX_OTHERS, load_line, load_verdict
+from agent.runtime.config import MEMORY_POLICIES  # torch-free
 
 FLOOR_DECODE_TIME = 1.2  # issue 37: decode time per token at most 1.2x the window's
 FLOOR_STATE_MB = 32  # issue 37: the whole state per session
-POLICIES = ("recall", "attention")
+POLICIES = MEMORY_POLICIES
 DEFAULT_SLOTS = (64, 128)
 QUICK_PAST_FULL = 64  # --quick reads this many tokens past the point where the memory fills
 CHILD_TIMEOUT_S = 900.0
@@ -93,13 +94,13 @@ def parse_slots(text: str | None) -> tuple[int, ...]:
 
 
 def parse_policies(text: str | None) -> tuple[str, ...]:
-    """--policy: recall, attention or both, comma-separated."""
+    """--policy: one or more of recall, attention, novelty, comma-separated."""
     if text is None:
         return POLICIES
     policies = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        raise ValueError(f"--policy takes {' and/or '.join(POLICIES)} like recall,attention, got {text!r}")
+        raise ValueError(f"--policy takes one or more of {', '.join(POLICIES)} like recall,novelty, got {text!r}")
     return policies
 
 
@@ -126,7 +127,7 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
                          "give a window model with -m (the default model is one)")
     if "recall" in policies and not config.gla_branch:
         raise ValueError(f"{model} has no GLA branch, and the recall policy scores tokens by its recall error: "
-                         "use --policy attention")
+                         "use --policy attention,novelty")
     vs = variants(slots, policies)
     for v in vs:
         try:

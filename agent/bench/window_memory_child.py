@@ -1,7 +1,7 @@
 """One variant's run for `laplace bench window-memory` (agent/bench/window_memory.py), in its
 own process so its timings and peak RSS are its own:
 
-    python -m agent.bench.window_memory_child MODEL_DIR --slots M [--policy recall|attention]
+    python -m agent.bench.window_memory_child MODEL_DIR --slots M [--policy recall|attention|novelty]
         [--context 2048] [--prefill 512] [--decode 128] [--rounds 3] [--threads 2]
 
 The model is loaded as chat loads it (`cli/chat.py` load_model_as): in its card's dtype (int8
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.bench.laplace_child import vm_hwm_kb
+from agent.runtime.config import MEMORY_POLICIES  # torch-free
 
 HELDOUT = Path(__file__).with_name("heldout.txt")
 WARMUP_TOKENS = 64  # a short prefill and a few steps first: thread pools and the allocator
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m agent.bench.window_memory_child")
     p.add_argument("model_dir")
     p.add_argument("--slots", type=int, required=True)
-    p.add_argument("--policy", choices=("recall", "attention"), default=None)
+    p.add_argument("--policy", choices=MEMORY_POLICIES, default=None)
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--decode", type=int, default=128)

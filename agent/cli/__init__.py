@@ -117,7 +117,7 @@ def bench(
     compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="serve: eager (Dynamo capture, fast), inductor, or none."),
     users: Optional[str] = typer.Option(None, "--users", help="serve: closed-loop phases, users sending back to back, e.g. 1,4,16."),
     memory_slots: Optional[str] = typer.Option(None, "--memory-slots", help="window-memory: memory sizes M, e.g. 64,128 (default)."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="window-memory: recall, attention or both (default recall,attention)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="window-memory: memory policies, one or more of recall, attention, novelty (default all three)."),
     context: Optional[int] = typer.Option(None, "--context", help="window-memory: tokens read before the timed prefill and decode (default 2048)."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""

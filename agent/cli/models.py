@@ -174,7 +174,7 @@ def import_command(
     gla: Optional[bool] = typer.Option(None, "--gla/--no-gla", help="Llama: a GLA branch over the tokens older than the window (default on)."),
     combine: Optional[str] = typer.Option(None, "--combine", help="Llama: how the branch joins the window: softmax (one normalisation) or gated."),
     memory: Optional[int] = typer.Option(None, "--memory", help="Llama: evicted tokens kept per layer and kv head, read with the window (default 0: none)."),
-    memory_policy: Optional[str] = typer.Option(None, "--memory-policy", help="Llama: which evicted tokens the memory keeps: recall (needs the GLA branch) or attention."),
+    memory_policy: Optional[str] = typer.Option(None, "--memory-policy", help="Llama: which evicted tokens the memory keeps: recall (needs the GLA branch), attention or novelty."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
     settings = settings_of(ctx)
@@ -190,8 +190,10 @@ def import_command(
             raise fail(f"{flag} must be {'at least 1' if flag == '--window' else '0 or more'}, not {value}")
     if memory is not None and memory < 0:
         raise fail(f"--memory must be 0 or more, not {memory}")
-    if memory_policy is not None and memory_policy not in ("recall", "attention"):
-        raise fail(f"--memory-policy takes recall or attention, not {memory_policy!r}")
+    from agent.runtime.config import MEMORY_POLICIES  # torch-free
+
+    if memory_policy is not None and memory_policy not in MEMORY_POLICIES:
+        raise fail(f"--memory-policy takes {', '.join(MEMORY_POLICIES)}, not {memory_policy!r}")
     hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine, "memory_slots": memory,
                                 "memory_policy": memory_policy}.items() if v is not None}
     target = _target(settings, out)

@@ -44,7 +44,7 @@ class HybridOptions:
     half_life_max: float = 8192.0
     chunk_size: int = 64
     memory_slots: int = 0  # evicted tokens kept per layer and kv head (agent/runtime/memory.py); 0: none
-    memory_policy: str = "recall"
+    memory_policy: str = "recall"  # or "attention", "novelty" (agent/runtime/memory.py)
 
 
 @dataclass(frozen=True, kw_only=True)

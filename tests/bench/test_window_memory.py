@@ -34,13 +34,13 @@ def run(decode: float, prefill: float, state: int) -> dict:
 
 
 def test_the_choices_parse_and_the_variants_start_with_the_window():
-    assert wm.parse_slots(None) == (64, 128) and wm.parse_policies(None) == ("recall", "attention")
+    assert wm.parse_slots(None) == (64, 128) and wm.parse_policies(None) == ("recall", "attention", "novelty")
     assert wm.parse_slots("128, 64,128") == (128, 64) and wm.parse_policies("attention") == ("attention",)
     assert [v.name for v in wm.variants((64,), ("recall", "attention"))] == ["window", "recall-64", "attention-64"]
     for bad in ("0", "64,-1", "x", ","):
         with pytest.raises(ValueError, match="--memory-slots"):
             wm.parse_slots(bad)
-    with pytest.raises(ValueError, match="--policy takes recall and/or attention"):
+    with pytest.raises(ValueError, match="--policy takes one or more of recall, attention, novelty"):
         wm.parse_policies("recall,lru")
 
 
@@ -74,23 +74,23 @@ def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_pat
     res = json.loads(out.read_text())["results"]["window-memory"]
     assert r.exit_code == (0 if res["ratios_valid"] else 3), r.output  # a busy machine: numbers kept, exit 3
     v = res["variants"]
-    assert list(v) == ["window", "recall-4", "attention-4"]
+    assert list(v) == ["window", "recall-4", "attention-4", "novelty-4"]
     assert res["sizes"] == {"context": 2 + 16 + 4 + wm.QUICK_PAST_FULL, "prefill": 64, "decode": 8, "rounds": 1}
     for name, x in v.items():
         assert x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["peak_rss_MB"] > 0 and x["weights"] == "int8"
         assert x["decode_time_ratio"] > 0 and x["prefill_time_ratio"] > 0 and x["floors"]["state"] is True
     assert v["window"]["decode_time_ratio"] == 1.0 and v["window"]["memory_bytes"] == 0
     # 2 layers x 2 kv heads x 4 slots x (key and value of 8 floats, a float score, an int64 position)
-    assert v["recall-4"]["memory_bytes"] == v["attention-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
+    assert v["recall-4"]["memory_bytes"] == v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
     assert v["recall-4"]["state_bytes"] == v["window"]["state_bytes"] + v["recall-4"]["memory_bytes"]
-    assert v["recall-4"]["memory_filled"] == v["attention-4"]["memory_filled"] == 1.0
+    assert v["recall-4"]["memory_filled"] == v["attention-4"]["memory_filled"] == v["novelty-4"]["memory_filled"] == 1.0
     assert "window-memory" in r.output and "ratios_valid" in r.output
 
 
 @pytest.mark.parametrize("args, message", [
     (["--memory-slots=-4"], "--memory-slots takes memory sizes of 1 or more"),
-    (["--policy", "lru"], "--policy takes recall and/or attention"),
-    (["--policy", "recall"], "has no GLA branch, and the recall policy scores tokens by its recall error: use --policy attention"),
+    (["--policy", "lru"], "--policy takes one or more of recall, attention, novelty"),
+    (["--policy", "recall"], "has no GLA branch, and the recall policy scores tokens by its recall error: use --policy attention,novelty"),
     (["--context", "20", "--policy", "attention"], "--context 20 leaves the memory part empty"),
     (["-m", "demo"], "has the gla mixer; this bench measures the window mixer's memory"),
 ], ids=["negative-M", "unknown-policy", "recall-without-branch", "short-context", "not-a-window-model"])

@@ -55,7 +55,8 @@ def test_import_gguf_then_info_and_a_resumed_chat(gguf_path):
     assert res.exit_code == 0, res.output
 
 
-@pytest.mark.parametrize("case", ["other-arch", "unsupported-quant", "not-gguf-file", "window-on-mamba", "bad-combine"])
+@pytest.mark.parametrize("case", ["other-arch", "unsupported-quant", "not-gguf-file", "window-on-mamba", "bad-combine",
+                                  "bad-memory-policy"])
 def test_refusals_are_one_line_exit_1_nothing_written(tmp_path, case):
     args = []
     if case == "other-arch":
@@ -75,6 +76,11 @@ def test_refusals_are_one_line_exit_1_nothing_written(tmp_path, case):
         llamba_checkpoint(src)
         args = ["--window", "64"]
         needle = "window options apply to Llama checkpoints; this one is llamba"
+    elif case == "bad-memory-policy":
+        src = tmp_path / "q.gguf"
+        llama_gguf(src)
+        args = ["--memory", "8", "--memory-policy", "lru"]
+        needle = "--memory-policy takes recall, attention, novelty, not 'lru'"
     else:
         src = tmp_path / "q.gguf"
         llama_gguf(src)

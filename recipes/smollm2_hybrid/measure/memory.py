@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     for p in cmds.values():
         p.add_argument("--model", type=Path, required=True, help="a model directory (the default model's, say)")
         p.add_argument("--memory-slots", type=_ints, default=[64, 128], help="M per layer and kv head, comma-separated")
-        p.add_argument("--policy", type=_words, default=["recall", "attention"], help="memory policies, comma-separated")
+        p.add_argument("--policy", type=_words, default=["recall", "attention", "novelty"],
+                       help="memory policies, comma-separated: recall, attention, novelty")
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--state-mb", type=int, default=512, help="state of the rows read in one call, at most")
