@@ -182,7 +182,8 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
         from agent.runtime.quant import QUANT_MODES
 
-    ensure_model(settings, spec)
+    with timings.phase("built and up to date (default: shipped parameters)"):
+        ensure_model(settings, spec)
     try:
         path = resolve_model_path(spec, settings.models_dir)
         named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))

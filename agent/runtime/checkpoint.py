@@ -352,7 +352,7 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     decode_layout = decode_layout and torch.device(device).type == "cpu"
     # No cache files written into the package's own models (the demo is small to hash).
     cache = PACKAGED_MODELS.resolve() not in root.resolve().parents
-    with timings.phase("weights (mapped where kept in the file's dtype)"):
+    with timings.phase("weights (mapped where the file or the int8 cache holds them)"):
         model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
                                         decode_layout=decode_layout, cache=cache)
         model = model.to(device=device).eval()
