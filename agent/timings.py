@@ -72,12 +72,20 @@ MAX_PHASES = 200
 _recorder = Recorder()  # one per process: the CLI switches it on, any layer records into it
 
 
-def enable() -> Recorder:
-    """Start recording (the CLI does, for LAPLACE_TIMINGS=1)."""
+def enable(imported_at: float | None = None) -> Recorder:
+    """Start recording (the CLI does, for LAPLACE_TIMINGS=1). `imported_at`: when the CLI's
+    imports ended (perf_counter), so the start-up splits into the interpreter with those
+    imports, and the command line's parsing up to now."""
     rec = _recorder
     if not rec.on:
         rec.on, rec.origin, rec.phases, rec._depth = True, _process_start(), [], 0
-        rec.phases.append(Phase("start-up (interpreter, laplace's CLI imports)", 0.0, rec.now(), 0))
+        now = rec.now()
+        split = None if imported_at is None else imported_at - rec.origin
+        if split is None or not 0 <= split <= now:
+            rec.phases.append(Phase("start-up (interpreter, laplace's CLI imports)", 0.0, now, 0))
+        else:
+            rec.phases.append(Phase("start-up: interpreter and laplace's CLI imports", 0.0, split, 0))
+            rec.phases.append(Phase("start-up: command line parsed (typer)", split, now - split, 0))
     return rec
 
 

@@ -92,7 +92,6 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         from agent.chat.options import parse_pairs
         from agent.chat.service import ChatService
         from agent.chat.types import ChatError, StateUnusableError
-        from agent.probes.session_check import check_state
         from agent.cli.store import open_store
         from sessions import SessionError
 
@@ -128,7 +127,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 raise _fail(f"initial state {initial_state}: {exc}") from None
         with timings.phase("service: build"):
             service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
-                                  options=given, initial_state=start, check=check_state)
+                                  options=given, initial_state=start, check=_check_state)
         unusable: Optional[Exception] = None
         try:
             if target is None:
@@ -163,6 +162,14 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         raise
 
 
+def _check_state(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """`agent.probes.session_check.check_state`, imported when a chat first asks (/check):
+    `ask` never does, and the probes would add to its start-up."""
+    from agent.probes.session_check import check_state
+
+    return check_state(*args, **kwargs)
+
+
 def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[no-untyped-def]
     """Load model `spec` on `device` (auto: the settings' device) in the settings' dtype;
     returns (LoadedModel, the id sessions store for it, torch device). typer.Exit on failure.
@@ -175,7 +182,8 @@ def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[n
         from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
         from agent.runtime.quant import QUANT_MODES
 
-    ensure_model(settings, spec)
+    with timings.phase("built and up to date (default: shipped parameters)"):
+        ensure_model(settings, spec)
     try:
         path = resolve_model_path(spec, settings.models_dir)
         named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))

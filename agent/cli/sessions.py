@@ -3,7 +3,8 @@
 Imports only typer/rich, `sessions`, `agent.display` and the CLI's own store helpers
 (never torch; `verify --replay`, and `fork` where it must replay, load the model inside the
 command), so managing sessions
-starts in a fraction of a second. Commands parse arguments and call the store;
+starts in a fraction of a second. rich is imported by the commands that print with it:
+every `laplace` command imports this module to register it, and `ask` prints no table. Commands parse arguments and call the store;
 every SessionError or unusable data directory becomes one `error: ...` line on stderr and
 exit code 1. Stored text (names, turns, snippets) is user or model data: it is printed as
 plain text, never as rich markup, with terminal control characters made visible.
@@ -15,17 +16,18 @@ import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from agent.cli.store import session_store, settings_of
 from agent.display import displayable, human_bytes, json_for_terminal
 from sessions import SessionStore, SessionSummary
 from sessions.export import session_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix).", no_args_is_help=True)
 
@@ -42,10 +44,14 @@ def _stdout_is_terminal() -> bool:
 
 def _text(value: str, style: str = "") -> Text:
     """Stored text as a rich Text: never parsed as markup, controls shown as symbols."""
+    from rich.text import Text
+
     return Text(displayable(value), style=style)
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     # Wide enough that tests and pipes do not wrap table rows mid-id.
     return Console(width=max(Console().width, 120), highlight=False)
 
@@ -79,6 +85,8 @@ def list_(
     if not items:
         typer.echo("no sessions yet; start one with `laplace chat`")
         return
+    from rich.table import Table
+
     table = Table("id", "name", "model", "turns", "tokens", "state", "last used")
     for i in items:
         s = i.session
@@ -113,6 +121,8 @@ def show(
                        "n_tokens": t.n_tokens} for t in tail],
         }))
         return
+    from rich.text import Text
+
     out = _console()
     out.print(Text.assemble(_text(s.name or "(unnamed)", "bold"), f"  {s.uid}"))
     out.print(Text.assemble("model ", _text(s.model_id), f" · {item.turns} turns · {item.tokens_folded} tokens folded · "
@@ -258,6 +268,8 @@ def search(
     if not hits:
         typer.echo("no matches")
         return
+    from rich.text import Text
+
     out = _console()
     for h in hits:
         out.print(Text.assemble(f"{h.session_uid[:8]} #{h.turn_id} {h.role}: ", _text(h.snippet)), soft_wrap=True)

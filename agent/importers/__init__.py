@@ -5,6 +5,10 @@ Mamba2ForCausalLM onto the `ssd` mixer; LlamaForCausalLM onto the `window` hybri
 llama.cpp GGUF file of a Llama (the window hybrid), renders its chat template into a
 `SegmentTemplate`, checks that the result loads and runs, and only then moves it into
 place: a failure at any step leaves nothing at `dest`. Imports the runtime only.
+
+The chat-template renderer (jinja2) and the GGUF reader are imported by the functions that
+use them: every `laplace ask` and `chat` on the default model imports this package (for
+`default_model.shipped_changes`) and needs neither.
 """
 
 from __future__ import annotations
@@ -14,9 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.importers.chat_format import describe, segment_template
 from agent.importers.families import SYNTHESIZED, detect, map_weights
-from agent.importers.gguf_source import is_gguf, read_gguf
 from agent.importers.llama import HybridOptions, hf_llama_shape, hybrid_weights
 from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, model_from_tensors, save_model_dir
@@ -45,6 +47,9 @@ def import_checkpoint(
     `dest` (which must not exist yet). It is written in `work_dir` (default: beside `dest`;
     on the same filesystem) and renamed into place once it loads, so even a killed import
     leaves no partial model at `dest`. `hybrid` sets the window hybrid a Llama becomes."""
+    from agent.importers.chat_format import segment_template
+    from agent.importers.gguf_source import is_gguf
+
     root, out = Path(src), Path(dest)
     if out.exists():
         raise CheckpointError(f"{out} already exists; choose another --out name or remove it first")
@@ -80,6 +85,9 @@ def import_checkpoint(
 
 def convert_gguf(path: Path, *, name: str, label: str, hybrid: HybridOptions, plain: bool = False) -> LoadedModel:
     """A Llama GGUF as an in-memory window hybrid (not yet installed anywhere)."""
+    from agent.importers.chat_format import segment_template
+    from agent.importers.gguf_source import read_gguf
+
     g = read_gguf(path)
     config, tensors = hybrid_weights(g.shape, g.tensors, hybrid, name=name)
     template = segment_template(g.files, g.tokenizer, plain=plain)
@@ -90,6 +98,8 @@ def convert_gguf(path: Path, *, name: str, label: str, hybrid: HybridOptions, pl
 
 def _loaded(config: LaplaceConfig, tensors: dict[str, Any], tok: Tokenizer, template: SegmentTemplate, card: dict[str, Any],
             *, where: Path) -> LoadedModel:
+    from agent.importers.chat_format import describe
+
     if tok.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.vocab_size}; this tokenizer belongs to another model")
     try:

@@ -26,9 +26,10 @@ from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
 from agent.runtime.layers import fuse_linears_
 from agent.runtime.model import LaplaceModel, build_model
-from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
-                                 quantized_fingerprint)
-from agent.runtime.weights import Digest, DigestCache, MappedFile, WeightsFormatError, blocks, read_header, read_tensor
+from agent.runtime.quant import (QUANT_MODES, QUANT_SCHEME, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded,
+                                 quantize_rows, quantized_fingerprint)
+from agent.runtime.weights import (Digest, DigestCache, MappedFile, PreparedCache, WeightsFormatError, blocks, read_header,
+                                   read_tensor)
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -206,7 +207,9 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory.
 
     `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
-    an unchanged file need not read it."""
+    an unchanged file need not read it; with `quant`, keep the int8 rows and scales beside
+    it too (`weights.PreparedCache`), so the next load maps them instead of reading the
+    fp32 file and quantizing it again (most of an int8 load's time: issue 35)."""
     if quant is not None and quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if quant is not None:
@@ -220,6 +223,13 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
     modules = dict(model.named_modules())
+
+    embed = model.embed
+
+    def quantized(name: str) -> bool:  # read as int8 rows and scales: every Linear's weight, and the embedding
+        owner, _, leaf = name.rpartition(".")
+        return quant is not None and leaf == "weight" and (type(modules.get(owner)) is nn.Linear or modules.get(owner) is embed)
+
     head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
     # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
     # load whose tensors are all mapped reads none of their bytes.
@@ -229,13 +239,20 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     digest = Digest() if known is None else None
     mapped = _mapped(file) if quant is None else None
     plain: dict[str, torch.Tensor] = {}
+    # int8: the rows and scales a past load made from this very file, mapped (only with the
+    # digest known: a miss reads the fp32 file, which computes the digest on the way).
+    prepared = PreparedCache(file, scheme=QUANT_SCHEME, enabled=cache) if quant is not None else None
+    shapes = {k: s for name in infos if quantized(name)
+              for k, s in ((name, (infos[name].shape, torch.int8)), (_scale_name(name), (infos[name].shape[:1], torch.float32)))}
+    hit = prepared.load(shapes) if prepared is not None and known is not None else None
+    made: dict[str, torch.Tensor] = {}  # a miss: what the cache is written from
     try:
         with open(file, "rb") as f:
             for name in sorted(infos):  # weights_digest's order
                 info = infos[name]
                 owner, _, leaf = name.rpartition(".")
                 module = modules.get(owner)
-                if quant is None or leaf != "weight" or not (type(module) is nn.Linear or module is model.embed):
+                if not quantized(name):
                     keep = dtype if info.dtype.is_floating_point else info.dtype
                     column_major = decode_layout and name == head
                     if mapped is not None and info.dtype == keep and MappedFile.can_map(info):
@@ -253,14 +270,18 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
                     else:
                         plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
                     continue
-                q = torch.empty(info.shape, dtype=torch.int8)
-                scale = torch.empty(info.shape[0], dtype=torch.float32)
-                if digest is not None:
-                    digest.begin(name, info.shape, torch.float32)
-                for r, block in blocks(f, info, torch.float32):
+                if hit is not None:
+                    q, scale = hit[0][name], hit[0][_scale_name(name)]
+                else:
+                    q = torch.empty(info.shape, dtype=torch.int8)
+                    scale = torch.empty(info.shape[0], dtype=torch.float32)
                     if digest is not None:
-                        digest.update(block)
-                    q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
+                        digest.begin(name, info.shape, torch.float32)
+                    for r, block in blocks(f, info, torch.float32):
+                        if digest is not None:
+                            digest.update(block)
+                        q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
+                    made[name], made[_scale_name(name)] = q, scale
                 if module is model.embed:
                     model.embed = Int8Embedding(q, scale)
                     if model.lm_head is None:  # tied: the head is an int8 Linear over the same rows
@@ -282,16 +303,27 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones too)
         plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
         for owner_name, module in model.named_modules():
-            if hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED) and mapped is not None:
-                for n in module.FUSED:  # the fused copy is what runs: the file's rows leave the RSS
-                    info = infos.get(f"{owner_name}.{n}.weight")
-                    if info is not None and MappedFile.can_map(info):
-                        mapped.release(info)
+            if not (hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED)):
+                continue
+            for n in module.FUSED:  # the fused copy is what runs: the mapped rows it was copied from leave the RSS
+                name = f"{owner_name}.{n}.weight"
+                if mapped is not None and name in infos and MappedFile.can_map(infos[name]):
+                    mapped.release(infos[name])
+                if hit is not None:
+                    for key in (name, _scale_name(name)):
+                        hit[1].release(hit[2][key])
     if digest is not None:
         known = digest.hexdigest()
         digests.put(kind, known)
+    if made and prepared is not None:
+        prepared.save(made)
     assert known is not None
     return model, known
+
+
+def _scale_name(weight_name: str) -> str:
+    """Where an int8 weight's row scales sit: beside it, as its module's `scale` buffer."""
+    return weight_name.rpartition(".")[0] + ".scale"
 
 
 def _mapped(file: Path) -> MappedFile | None:
@@ -320,7 +352,7 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     decode_layout = decode_layout and torch.device(device).type == "cpu"
     # No cache files written into the package's own models (the demo is small to hash).
     cache = PACKAGED_MODELS.resolve() not in root.resolve().parents
-    with timings.phase("weights (mapped where kept in the file's dtype)"):
+    with timings.phase("weights (mapped where the file or the int8 cache holds them)"):
         model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
                                         decode_layout=decode_layout, cache=cache)
         model = model.to(device=device).eval()

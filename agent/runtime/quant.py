@@ -40,6 +40,9 @@ import torch
 from torch import Tensor, nn
 
 QUANT_MODES = ("int8",)
+# Names what `quantize_rows` computes; change it with that arithmetic, so the int8 rows a
+# past load kept beside a model file (`weights.PreparedCache`) are made again, not reused.
+QUANT_SCHEME = "int8-rows-v1"
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
 # From this many input rows on (a prefill, a scored segment) an Int8Linear widens its weight
 # to fp32 a block of rows at a time and runs BLAS's blocked GEMM: the widening reads the

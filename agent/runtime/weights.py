@@ -19,7 +19,9 @@ would compute it over the model loaded in `digest_dtype` (tensors in name order,
 `name:shape:dtype` then its bytes), so a quantized model's fingerprint still derives from
 its fp32 weights without ever holding them. `DigestCache` keeps it beside the file, keyed
 by the file's identity and change time, so a load whose tensors are all mapped reads none
-of them.
+of them. `PreparedCache` does the same for an int8 load's rows and scales: kept in a
+safetensors file beside the weights (`.laplace-int8-rows-v1.safetensors`, about a quarter
+of an fp32 file), mapped by the next load instead of read and quantized again.
 """
 
 from __future__ import annotations
@@ -198,6 +200,14 @@ class MappedFile:
             self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
+def file_identity(file: str | Path) -> str:
+    """What a cache beside `file` is keyed by: device, inode, size, modification and change
+    time (a change time cannot be set back by touch or a copy tool, so an edited or
+    replaced file gets a new identity)."""
+    st = os.stat(file)
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
 class DigestCache:
     """Digests of a file of a model directory (the weights', the tokenizer's), kept in one
     JSON file beside it, each valid while its file is the same: same device, inode, size,
@@ -211,8 +221,7 @@ class DigestCache:
         self.file = Path(file)
         self.path = self.file.parent / self.NAME
         self.enabled = enabled  # off: every get misses and nothing is written
-        st = os.stat(self.file)
-        self._key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+        self._key = file_identity(self.file)
 
     def _read(self) -> dict:  # type: ignore[type-arg]
         try:
@@ -243,4 +252,85 @@ class DigestCache:
             tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
             tmp.replace(self.path)
         except OSError:  # a read-only model directory: no cache, the digest is computed each load
+            tmp.unlink(missing_ok=True)
+
+
+_CODES = {v: k for k, v in _DTYPES.items()}
+_ALIGN = 64  # every tensor of a prepared file starts at a multiple of this: the int8 kernel's aligned loads
+_PAD = "__pad__."  # padding entries, so the file is valid safetensors (no holes) and each tensor aligned
+
+
+class PreparedCache:
+    """Tensors derived from a model's weights file (its int8 rows and scales), kept in one
+    safetensors file beside it so the next load maps them instead of deriving them again.
+
+    The file is valid only for the weights file it was made from (`file_identity`, as
+    `DigestCache`) and for the derivation `scheme` (a name the deriving code changes when
+    its arithmetic changes); either differing, or any tensor missing, extra or of another
+    shape or dtype, is a miss and the caller derives the tensors from the weights again.
+    Every tensor starts on a 64-byte boundary, so a view of the mapping is as aligned as a
+    fresh allocation. A directory that cannot be written simply has no cache."""
+
+    def __init__(self, file: str | Path, *, scheme: str, enabled: bool = True) -> None:
+        self.file = Path(file)
+        self.scheme = scheme
+        self.path = self.file.parent / f".laplace-{scheme}.safetensors"
+        self.enabled = enabled
+        self._key = file_identity(self.file)
+
+    def load(self, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> tuple[dict[str, Tensor], MappedFile, dict[str, TensorInfo]] | None:
+        """(name -> a view of the mapped file, the mapping, name -> its TensorInfo) when
+        the cache holds exactly `expected` (name -> (shape, dtype)) for this weights file;
+        else None."""
+        if not self.enabled:
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                meta = json.loads(f.read(int.from_bytes(head, "little"))).get("__metadata__") if len(head) == 8 else None
+                if not isinstance(meta, dict) or meta.get("source") != self._key or meta.get("scheme") != self.scheme:
+                    return None
+                f.seek(0)
+                infos = {n: i for n, i in read_header(f).items() if not n.startswith(_PAD)}
+            if {n: (i.shape, i.dtype) for n, i in infos.items()} != {n: (tuple(s), d) for n, (s, d) in expected.items()}:
+                return None
+            if not all(MappedFile.can_map(i) and i.start % _ALIGN == 0 for i in infos.values()):
+                return None
+            mapped = MappedFile(self.path)
+        except (OSError, ValueError, AttributeError, MemoryError):  # absent, unreadable or malformed: a miss
+            return None
+        return {n: mapped.tensor(i) for n, i in infos.items()}, mapped, infos
+
+    def save(self, tensors: dict[str, Tensor]) -> None:
+        """Write `tensors` (contiguous CPU, non-empty), replacing any older cache atomically."""
+        if not self.enabled:
+            return
+        header: dict[str, object] = {"__metadata__": {"source": self._key, "scheme": self.scheme}}
+        order: list[Tensor | int] = []  # a tensor, or a count of padding bytes
+        offset = 0
+        for name in sorted(tensors):
+            t = tensors[name]
+            pad = -offset % _ALIGN
+            if pad:
+                header[f"{_PAD}{len(header)}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
+                order.append(pad)
+                offset += pad
+            n = t.numel() * t.element_size()
+            header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+            order.append(t)
+            offset += n
+        raw = json.dumps(header).encode()
+        raw += b" " * (-(8 + len(raw)) % _ALIGN)  # the data then starts aligned; safetensors allows trailing spaces
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(len(raw).to_bytes(8, "little"))
+                f.write(raw)
+                for item in order:
+                    if isinstance(item, int):
+                        f.write(bytes(item))
+                    else:
+                        f.write(memoryview(item.contiguous().view(-1).view(torch.uint8).numpy()))
+            tmp.replace(self.path)
+        except OSError:  # a read-only directory or a full disk: no cache, the next load derives them again
             tmp.unlink(missing_ok=True)

@@ -7,7 +7,7 @@ from agent import timings
 
 from .test_cli_ask import laplace
 
-PARTS = ("start-up", "store: open", "model: load", "session: resume", "hash chain",
+PARTS = ("start-up: interpreter", "start-up: command line", "store: open", "model: load", "built and up to date", "session: resume", "hash chain",
          "state: read", "recall refresh: search", "message: prefill", "reply: prefill", "first token sampled",
          "first token printed", "total")
 
@@ -26,6 +26,27 @@ def test_a_resumed_ask_prints_its_breakdown_to_stderr(monkeypatch):
     at = [report.index(p) for p in ("session: resume", "message: prefill", "reply: prefill", "first token printed")]
     assert at == sorted(at)
     assert not timings.enabled()  # the command's end stopped recording
+
+
+def test_the_start_up_splits_at_the_end_of_the_cli_imports():
+    from agent.cli import _IMPORTED_AT
+
+    rec = timings.enable(imported_at=_IMPORTED_AT)
+    try:
+        imports, parsing = rec.phases[0], rec.phases[1]
+        assert imports.name.startswith("start-up: interpreter") and parsing.name.startswith("start-up: command line")
+        assert imports.start == 0 and parsing.start == imports.seconds and parsing.seconds >= 0
+    finally:
+        import io
+
+        timings.finish(io.StringIO())
+    rec = timings.enable(imported_at=None)  # nothing to split at: one start-up phase, as before
+    try:
+        assert [p.name for p in rec.phases] == ["start-up (interpreter, laplace's CLI imports)"]
+    finally:
+        import io
+
+        timings.finish(io.StringIO())
 
 
 def test_no_report_without_the_variable(monkeypatch):
