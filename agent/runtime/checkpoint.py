@@ -19,16 +19,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
-from agent.runtime.layers import fuse_linears_
+from agent.runtime.fill import fill_model
 from agent.runtime.model import LaplaceModel, build_model
-from agent.runtime.quant import (QUANT_MODES, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded, quantize_rows,
-                                 quantized_fingerprint)
-from agent.runtime.weights import Digest, DigestCache, MappedFile, WeightsFormatError, blocks, read_header, read_tensor
+from agent.runtime.quant import QUANT_MODES, check_int8_kernels, quantize_loaded, quantized_fingerprint
+from agent.runtime.weights import Digest, DigestCache, MappedFile, WeightsFormatError, read_header
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -192,7 +190,7 @@ def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], 
 def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = torch.float32,
                     quant: str | None = None, decode_layout: bool = False, cache: bool = True) -> tuple[LaplaceModel, str]:
     """(model, weights digest): the model of `config` read from a safetensors file tensor
-    by tensor (`weights.py`), each straight into its final form: `dtype`, or with `quant`
+    by tensor (`fill.py`), each straight into its final form: `dtype`, or with `quant`
     ("int8") every matmul weight int8 as `quant.quantize_int8_` makes it, built from fp32
     blocks of rows, so peak memory is about the final model's. The digest is
     `weights_digest` of the model loaded in `dtype` (fp32 for a quantized one).
@@ -203,7 +201,8 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
     training and sharding expect contiguous parameters. Also with it: the projections a
     module names in FUSED (the window mixer's q/k/v, the GLU's gate/up) share one matrix
-    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory.
+    (`layers.adopt_fused_`), so a step runs each group as one matmul; they are read straight
+    into that matrix (`fill.py`), never held apart first.
 
     `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
     an unchanged file need not read it."""
@@ -219,8 +218,6 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     except (OSError, WeightsFormatError) as exc:
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
-    modules = dict(model.named_modules())
-    head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
     # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
     # load whose tensors are all mapped reads none of their bytes.
     digests = DigestCache(file, enabled=cache)
@@ -228,65 +225,14 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     known = digests.get(kind)
     digest = Digest() if known is None else None
     mapped = _mapped(file) if quant is None else None
-    plain: dict[str, torch.Tensor] = {}
     try:
         with open(file, "rb") as f:
-            for name in sorted(infos):  # weights_digest's order
-                info = infos[name]
-                owner, _, leaf = name.rpartition(".")
-                module = modules.get(owner)
-                if quant is None or leaf != "weight" or not (type(module) is nn.Linear or module is model.embed):
-                    keep = dtype if info.dtype.is_floating_point else info.dtype
-                    column_major = decode_layout and name == head
-                    if mapped is not None and info.dtype == keep and MappedFile.can_map(info):
-                        view = mapped.tensor(info)  # a view of the file: no copy, nothing read yet
-                        if digest is not None:
-                            digest.tensor(name, view)
-                        # The decode layout is one copy, made by torch's blocked transpose
-                        # (a row-by-row fill of a column-major tensor took 3x as long).
-                        if column_major and view.dim() == 2:
-                            plain[name] = view.t().contiguous().t()
-                            del view
-                            mapped.release(info)  # the copy is what runs: the file's rows leave the RSS
-                        else:
-                            plain[name] = view
-                    else:
-                        plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
-                    continue
-                q = torch.empty(info.shape, dtype=torch.int8)
-                scale = torch.empty(info.shape[0], dtype=torch.float32)
-                if digest is not None:
-                    digest.begin(name, info.shape, torch.float32)
-                for r, block in blocks(f, info, torch.float32):
-                    if digest is not None:
-                        digest.update(block)
-                    q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
-                if module is model.embed:
-                    model.embed = Int8Embedding(q, scale)
-                    if model.lm_head is None:  # tied: the head is an int8 Linear over the same rows
-                        model.lm_head = int8_linear(q, scale, None)
-                else:  # a Linear's bias sorts before its weight, so it is already read
-                    parent, _, attr = owner.rpartition(".")
-                    setattr(model.get_submodule(parent), attr, int8_linear(q, scale, plain.pop(owner + ".bias", None)))
+            fill_model(model, f, infos, dtype=dtype, quant=quant, decode_layout=decode_layout, digest=digest, mapped=mapped)
     except (OSError, WeightsFormatError) as exc:
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
-    if quant is None:
-        model.load_state_dict(plain, strict=True, assign=True)
-    else:  # int8 modules have no state_dict entries of these names: the rest set one by one
-        for name, t in plain.items():
-            owner, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(owner), leaf, nn.Parameter(t) if t.is_floating_point() else t)
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
-    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones too)
-        plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
-        for owner_name, module in model.named_modules():
-            if hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED) and mapped is not None:
-                for n in module.FUSED:  # the fused copy is what runs: the file's rows leave the RSS
-                    info = infos.get(f"{owner_name}.{n}.weight")
-                    if info is not None and MappedFile.can_map(info):
-                        mapped.release(info)
     if digest is not None:
         known = digest.hexdigest()
         digests.put(kind, known)
