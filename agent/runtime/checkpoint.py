@@ -19,17 +19,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
-from agent.runtime.layers import fuse_linears_
+from agent.runtime.fill import fill_model, int8_rows
 from agent.runtime.model import LaplaceModel, build_model
-from agent.runtime.quant import (QUANT_MODES, QUANT_SCHEME, Int8Embedding, check_int8_kernels, int8_linear, quantize_loaded,
-                                 quantize_rows, quantized_fingerprint)
-from agent.runtime.weights import (Digest, DigestCache, MappedFile, PreparedCache, WeightsFormatError, blocks, read_header,
-                                   read_tensor)
+from agent.runtime.quant import QUANT_MODES, QUANT_SCHEME, check_int8_kernels, quantize_loaded, quantized_fingerprint
+from agent.runtime.weights import Digest, DigestCache, MappedFile, PreparedCache, WeightsFormatError, read_header
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
@@ -193,7 +190,7 @@ def model_from_tensors(config: LaplaceConfig, tensors: dict[str, torch.Tensor], 
 def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = torch.float32,
                     quant: str | None = None, decode_layout: bool = False, cache: bool = True) -> tuple[LaplaceModel, str]:
     """(model, weights digest): the model of `config` read from a safetensors file tensor
-    by tensor (`weights.py`), each straight into its final form: `dtype`, or with `quant`
+    by tensor (`fill.py`), each straight into its final form: `dtype`, or with `quant`
     ("int8") every matmul weight int8 as `quant.quantize_int8_` makes it, built from fp32
     blocks of rows, so peak memory is about the final model's. The digest is
     `weights_digest` of the model loaded in `dtype` (fp32 for a quantized one).
@@ -204,7 +201,8 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     than the row-major one (a 50k x 768 head, 14 alternating rounds). For inference only:
     training and sharding expect contiguous parameters. Also with it: the projections a
     module names in FUSED (the window mixer's q/k/v, the GLU's gate/up) share one matrix
-    (`layers.fuse_linears_`), so a step runs each group as one matmul, in the same memory.
+    (`layers.adopt_fused_`), so a step runs each group as one matmul; they are read straight
+    into that matrix (`fill.py`), never held apart first.
 
     `cache`: keep the digest beside the file (`weights.DigestCache`), so the next load of
     an unchanged file need not read it; with `quant`, keep the int8 rows and scales beside
@@ -222,15 +220,6 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     except (OSError, WeightsFormatError) as exc:
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
     model = meta_model_for(config, {k: v.shape for k, v in infos.items()}, where=file)
-    modules = dict(model.named_modules())
-
-    embed = model.embed
-
-    def quantized(name: str) -> bool:  # read as int8 rows and scales: every Linear's weight, and the embedding
-        owner, _, leaf = name.rpartition(".")
-        return quant is not None and leaf == "weight" and (type(modules.get(owner)) is nn.Linear or modules.get(owner) is embed)
-
-    head = "lm_head.weight" if model.lm_head is not None else "embed.weight"
     # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
     # load whose tensors are all mapped reads none of their bytes.
     digests = DigestCache(file, enabled=cache)
@@ -238,80 +227,19 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     known = digests.get(kind)
     digest = Digest() if known is None else None
     mapped = _mapped(file) if quant is None else None
-    plain: dict[str, torch.Tensor] = {}
     # int8: the rows and scales a past load made from this very file, mapped (only with the
     # digest known: a miss reads the fp32 file, which computes the digest on the way).
     prepared = PreparedCache(file, scheme=QUANT_SCHEME, enabled=cache) if quant is not None else None
-    shapes = {k: s for name in infos if quantized(name)
-              for k, s in ((name, (infos[name].shape, torch.int8)), (_scale_name(name), (infos[name].shape[:1], torch.float32)))}
-    hit = prepared.load(shapes) if prepared is not None and known is not None else None
-    made: dict[str, torch.Tensor] = {}  # a miss: what the cache is written from
+    hit = prepared.load(int8_rows(model, infos)) if prepared is not None and known is not None else None
     try:
         with open(file, "rb") as f:
-            for name in sorted(infos):  # weights_digest's order
-                info = infos[name]
-                owner, _, leaf = name.rpartition(".")
-                module = modules.get(owner)
-                if not quantized(name):
-                    keep = dtype if info.dtype.is_floating_point else info.dtype
-                    column_major = decode_layout and name == head
-                    if mapped is not None and info.dtype == keep and MappedFile.can_map(info):
-                        view = mapped.tensor(info)  # a view of the file: no copy, nothing read yet
-                        if digest is not None:
-                            digest.tensor(name, view)
-                        # The decode layout is one copy, made by torch's blocked transpose
-                        # (a row-by-row fill of a column-major tensor took 3x as long).
-                        if column_major and view.dim() == 2:
-                            plain[name] = view.t().contiguous().t()
-                            del view
-                            mapped.release(info)  # the copy is what runs: the file's rows leave the RSS
-                        else:
-                            plain[name] = view
-                    else:
-                        plain[name] = read_tensor(f, info, keep, digest, column_major=column_major)
-                    continue
-                if hit is not None:
-                    q, scale = hit[0][name], hit[0][_scale_name(name)]
-                else:
-                    q = torch.empty(info.shape, dtype=torch.int8)
-                    scale = torch.empty(info.shape[0], dtype=torch.float32)
-                    if digest is not None:
-                        digest.begin(name, info.shape, torch.float32)
-                    for r, block in blocks(f, info, torch.float32):
-                        if digest is not None:
-                            digest.update(block)
-                        q[r : r + block.shape[0]], scale[r : r + block.shape[0]] = quantize_rows(block)
-                    made[name], made[_scale_name(name)] = q, scale
-                if module is model.embed:
-                    model.embed = Int8Embedding(q, scale)
-                    if model.lm_head is None:  # tied: the head is an int8 Linear over the same rows
-                        model.lm_head = int8_linear(q, scale, None)
-                else:  # a Linear's bias sorts before its weight, so it is already read
-                    parent, _, attr = owner.rpartition(".")
-                    setattr(model.get_submodule(parent), attr, int8_linear(q, scale, plain.pop(owner + ".bias", None)))
+            made = fill_model(model, f, infos, dtype=dtype, quant=quant, decode_layout=decode_layout, digest=digest,
+                              mapped=mapped, prepared=hit)
     except (OSError, WeightsFormatError) as exc:
         raise ModelLoadError(f"{file} is unreadable ({exc}); restore the file or re-export the model") from None
-    if quant is None:
-        model.load_state_dict(plain, strict=True, assign=True)
-    else:  # int8 modules have no state_dict entries of these names: the rest set one by one
-        for name, t in plain.items():
-            owner, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(owner), leaf, nn.Parameter(t) if t.is_floating_point() else t)
     left = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if left:
         raise ModelLoadError(f"{file}: tensors {left[:5]} were not loaded")
-    if decode_layout:  # q/k/v and gate/up as one matrix each (same values and names; int8 ones too)
-        plain.clear()  # the model holds its tensors now: the unfused copies are freed as each group is fused
-        for owner_name, module in model.named_modules():
-            if not (hasattr(module, "FUSED") and fuse_linears_(module, module.FUSED)):
-                continue
-            for n in module.FUSED:  # the fused copy is what runs: the mapped rows it was copied from leave the RSS
-                name = f"{owner_name}.{n}.weight"
-                if mapped is not None and name in infos and MappedFile.can_map(infos[name]):
-                    mapped.release(infos[name])
-                if hit is not None:
-                    for key in (name, _scale_name(name)):
-                        hit[1].release(hit[2][key])
     if digest is not None:
         known = digest.hexdigest()
         digests.put(kind, known)
@@ -319,11 +247,6 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
         prepared.save(made)
     assert known is not None
     return model, known
-
-
-def _scale_name(weight_name: str) -> str:
-    """Where an int8 weight's row scales sit: beside it, as its module's `scale` buffer."""
-    return weight_name.rpartition(".")[0] + ".scale"
 
 
 def _mapped(file: Path) -> MappedFile | None:
@@ -352,16 +275,18 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     decode_layout = decode_layout and torch.device(device).type == "cpu"
     # No cache files written into the package's own models (the demo is small to hash).
     cache = PACKAGED_MODELS.resolve() not in root.resolve().parents
-    with timings.phase("weights (mapped where the file or the int8 cache holds them)"):
-        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
-                                        decode_layout=decode_layout, cache=cache)
-        model = model.to(device=device).eval()
+    # The tokenizer before the weights: parsing its JSON frees ~17 MB (default model) that
+    # glibc keeps, and the weights then reuse it instead of growing the heap past it.
     try:
         with timings.phase("tokenizer and chat template"):
             tokenizer = Tokenizer.from_file(root / "tokenizer.json")
             template = load_chat_template(root / "chat_template.json")
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelLoadError(f"tokenizer or chat template in {root} is invalid ({exc})") from None
+    with timings.phase("weights (mapped where the file or the int8 cache holds them)"):
+        model, digest = model_from_file(config, root / "model.safetensors", dtype=dtype, quant=quant,
+                                        decode_layout=decode_layout, cache=cache)
+        model = model.to(device=device).eval()
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}")
     lm = LoadedModel(model, tokenizer, template, name=card.get("name", root.name), path=root, card=card)

@@ -82,16 +82,26 @@ def fuse_linears_(owner: nn.Module, names: tuple[str, ...]) -> bool:
     ws = [m.weight for m in mods]  # type: ignore[union-attr]
     if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1 or any(w.is_meta for w in ws):
         return False
-    fused = torch.cat([w.detach() for w in ws])
-    rows, start = [], 0
-    for m, w in zip(mods, ws):
-        m.weight = nn.Parameter(fused[start : start + w.shape[0]], requires_grad=w.requires_grad)  # type: ignore[union-attr]
-        rows.append(w.shape[0])
-        start += w.shape[0]
-    # The views' addresses: a weight later replaced or moved (.to) no longer matches them.
-    ptrs = [m.weight.data_ptr() for m in mods]  # type: ignore[union-attr]
-    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
+    adopt_fused_(owner, names, torch.cat([w.detach() for w in ws]))
     return True
+
+
+def adopt_fused_(owner: nn.Module, names: tuple[str, ...], fused: Tensor) -> None:
+    """Make `owner`'s bias-free Linears `names` views of consecutive rows of `fused` (their
+    weights' values stacked in that order: a copy `fuse_linears_` made, or the matrix a
+    load read them into) and record the group for `project`."""
+    mods = [getattr(owner, n) for n in names]
+    rows, start = [], 0
+    for m in mods:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start : start + n], requires_grad=m.weight.requires_grad)
+        rows.append(n)
+        start += n
+    if start != fused.shape[0]:
+        raise ValueError(f"{names} hold {start} rows, the fused matrix {fused.shape[0]}")
+    # The views' addresses: a weight later replaced or moved (.to) no longer matches them.
+    ptrs = [m.weight.data_ptr() for m in mods]
+    owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
 
 
 def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:

@@ -59,15 +59,20 @@ def check_int8_kernels() -> None:
                          "run without LAPLACE_DTYPE=int8 or upgrade torch")
 
 
-def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(w: Tensor, q: Tensor | None = None, scale: Tensor | None = None, *,
+                  work: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row: w [N, K] (any float dtype) -> (q int8 [N, K], scale fp32 [N]),
-    w ~= q * scale[:, None]. Done in blocks of rows, so no fp32 copy of a big table is made."""
-    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
-    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    w ~= q * scale[:, None]. Done in blocks of rows, so no fp32 copy of a big table is made.
+    `q`, `scale`: where to write them (a load's rows of a larger matrix), else new tensors.
+    `work`: fp32 scratch for a block's temporaries (a load reuses one for every tensor: a
+    fresh one per block left freed holes in the heap), used when it holds a block."""
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device) if q is None else q
+    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device) if scale is None else scale
     for start in range(0, w.shape[0], _ROWS):
         block = w[start : start + _ROWS].float()
-        s = block.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q[start : start + _ROWS] = (block / s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        t = work[: block.numel()].view(block.shape) if work is not None and work.numel() >= block.numel() else torch.empty_like(block)
+        s = torch.abs(block, out=t).amax(dim=1).clamp(min=1e-12) / 127.0
+        q[start : start + _ROWS].copy_(torch.div(block, s[:, None], out=t).round_().clamp_(-127, 127))  # exact integers: the cast is exact
         scale[start : start + _ROWS] = s
     return q, scale
 
@@ -178,16 +183,25 @@ def fuse_int8_(owner: nn.Module, names: tuple[str, ...], mods: list[Int8Linear])
     each Linear's buffers views of its rows (False if their input widths differ)."""
     if len({m.in_features for m in mods}) != 1:
         return False
-    fused = Int8Linear(torch.cat([m.weight for m in mods]), torch.cat([m.scale for m in mods]), None)
+    adopt_fused_int8_(owner, names, Int8Linear(torch.cat([m.weight for m in mods]), torch.cat([m.scale for m in mods]), None))
+    return True
+
+
+def adopt_fused_int8_(owner: nn.Module, names: tuple[str, ...], fused: Int8Linear) -> None:
+    """Make `owner`'s bias-free Int8Linears `names` views of consecutive rows of `fused`'s
+    weight and scale (a copy `fuse_int8_` made, or the matrix a load quantized them into)
+    and record the group for `layers.project`."""
+    mods = [getattr(owner, n) for n in names]
     rows, start = [], 0
     for m in mods:
         n = m.out_features
         m.weight, m.scale = fused.weight[start : start + n], fused.scale[start : start + n]  # buffers: views now
         rows.append(n)
         start += n
+    if start != fused.out_features:
+        raise ValueError(f"{names} hold {start} rows, the fused matrix {fused.out_features}")
     ptrs = [m.weight.data_ptr() for m in mods]
     owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
-    return True
 
 
 def quantize_loaded(lm: Any, mode: str) -> Any:

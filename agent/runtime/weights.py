@@ -41,7 +41,7 @@ from torch import Tensor
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
-BLOCK_BYTES = 32 << 20  # rows read at a time: about 32 MB
+BLOCK_BYTES = 8 << 20  # rows read at a time: about 8 MB (one buffer a load, beside the model)
 
 
 class WeightsFormatError(ValueError):
@@ -98,38 +98,52 @@ def _readinto(f: BinaryIO, t: Tensor) -> None:
         raise WeightsFormatError(f"file ends early ({got} of {raw.nbytes} bytes)")
 
 
-def blocks(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, block_bytes: int | None = None) -> Iterator[tuple[int, Tensor]]:
+def blocks(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, block_bytes: int | None = None, *,
+           scratch: Tensor | None = None) -> Iterator[tuple[int, Tensor]]:
     """(first row, rows [r, D...] as `dtype`) over the tensor, about `block_bytes` (default
-    BLOCK_BYTES) of the file read at a time."""
+    BLOCK_BYTES) of the file read at a time. Each block is valid until the next is asked
+    for: all are read into one buffer, `scratch` (uint8, at least a block's bytes: one a
+    caller reuses for every tensor it reads) or one made for the call. (A fresh buffer per
+    block, and per tensor, left freed holes in glibc's heap between the tensors kept,
+    resident for the rest of the process.) A block of another dtype is converted (a copy);
+    a caller that copies it anyway asks for the file's dtype and lets its copy convert."""
     block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
     rows = info.shape[0] if info.shape else 1
     row_shape = info.shape[1:] if info.shape else ()
     row_bytes = max(1, info.nbytes // max(rows, 1))
-    step = max(1, block_bytes // row_bytes)
+    step = max(1, min(rows, block_bytes // row_bytes))
+    need = step * row_bytes
+    buf = scratch[:need] if scratch is not None and scratch.numel() >= need else torch.empty(need, dtype=torch.uint8)
     f.seek(info.start)
     for r in range(0, rows, step):
         n = min(step, rows - r)
-        raw = torch.empty((n, *row_shape), dtype=info.dtype)
+        raw = buf[: n * row_bytes].view(info.dtype).view(n, *row_shape)
         _readinto(f, raw)
         yield r, raw if raw.dtype == dtype else raw.to(dtype)
 
 
 def read_tensor(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, digest: "Digest | None" = None, *,
-                column_major: bool = False) -> Tensor:
+                column_major: bool = False, out: Tensor | None = None, scratch: Tensor | None = None) -> Tensor:
     """The whole tensor as `dtype`: read straight into it when the file holds that dtype,
-    else converted block by block (one block of the file's dtype extra). `column_major`
-    (2-D only): the same values and shape, stored transposed (strides (1, rows)), filled
-    block by block so no second copy is made."""
-    if column_major and len(info.shape) == 2:
+    else a block at a time into `scratch` (see `blocks`), each block converted as it is
+    copied in (no converted copy of a block is made). `column_major` (2-D only): the same
+    values and shape, stored transposed (strides (1, rows)), filled block by block so no
+    second copy is made. `out`: a contiguous tensor of that shape and dtype to fill (rows
+    of a fused matrix) instead of a new one."""
+    if out is not None:
+        if tuple(out.shape) != info.shape or out.dtype != dtype or not out.is_contiguous() or column_major:
+            raise ValueError(f"{info.name}: cannot read {info.shape} {dtype} into {tuple(out.shape)} {out.dtype}")
+    elif column_major and len(info.shape) == 2:
         out = torch.empty(info.shape[::-1], dtype=dtype).t()
         if digest is not None:
             digest.begin(info.name, info.shape, dtype)
-        for r, block in blocks(f, info, dtype):
-            out[r : r + block.shape[0]] = block
+        for r, block in blocks(f, info, info.dtype, scratch=scratch):
+            rows = out[r : r + block.shape[0]]
+            rows.copy_(block)
             if digest is not None:
-                digest.update(block)
+                digest.update(rows)
         return out
-    out = torch.empty(info.shape, dtype=dtype)
+    out = torch.empty(info.shape, dtype=dtype) if out is None else out
     if info.dtype == dtype:
         f.seek(info.start)
         _readinto(f, out)
@@ -137,8 +151,8 @@ def read_tensor(f: BinaryIO, info: TensorInfo, dtype: torch.dtype, digest: "Dige
             digest.tensor(info.name, out)
         return out
     flat = out.view(info.shape[0] if info.shape else 1, -1)
-    for r, block in blocks(f, info, dtype):
-        flat[r : r + block.shape[0]] = block.reshape(block.shape[0], -1)
+    for r, block in blocks(f, info, info.dtype, scratch=scratch):
+        flat[r : r + block.shape[0]].copy_(block.reshape(block.shape[0], -1))
     if digest is not None:
         digest.tensor(info.name, out)
     return out

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from agent.runtime import checkpoint, weights
+from agent.runtime import checkpoint, fill, weights
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.quant import QUANT_SCHEME, Int8Linear
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
@@ -34,11 +34,11 @@ def _count_blocks(monkeypatch) -> list[str]:
     seen: list[str] = []
     real = weights.blocks
 
-    def spy(f, info, dtype, block_bytes=None):
+    def spy(f, info, dtype, block_bytes=None, **kw):
         seen.append(info.name)
-        yield from real(f, info, dtype, block_bytes)
+        yield from real(f, info, dtype, block_bytes, **kw)
 
-    monkeypatch.setattr(checkpoint, "blocks", spy)
+    monkeypatch.setattr(fill, "blocks", spy)
     return seen
 
 
@@ -71,6 +71,31 @@ def test_a_second_int8_load_maps_the_rows_the_first_made(model_dir, monkeypatch)
     assert fused  # q/k/v and gate/up still run as one int8 matmul each
     # and a plain (not decode-layout) load from the cache equals quantizing afresh
     _same(load_model_dir(model_dir, quant="int8"), checkpoint.quantize_loaded(load_model_dir(model_dir), "int8"))
+
+
+def test_a_hit_copies_fused_rows_into_their_matrix_and_gives_the_mapping_back(model_dir, monkeypatch):
+    first = load_model_dir(model_dir, quant="int8", decode_layout=True)
+    released: list[str] = []
+    real_release = weights.MappedFile.release
+
+    def refuse(*a, **k):
+        raise AssertionError("a load copied separately held rows together")
+
+    with monkeypatch.context() as mp:  # only while loading: a forward pass may concatenate
+        mp.setattr(weights.MappedFile, "release", lambda self, info: (released.append(info.name), real_release(self, info)))
+        mp.setattr(torch, "cat", refuse)
+        second = load_model_dir(model_dir, quant="int8", decode_layout=True)
+    _same(first, second)
+    owners = [(n, m) for n, m in second.model.named_modules() if m.__dict__.get("_fused")]
+    assert owners
+    for owner_name, m in owners:
+        fused, mods, _, _ = m.__dict__["_fused"][m.FUSED]
+        storage = fused.weight.untyped_storage()
+        assert storage.nbytes() == fused.weight.numel()  # its own matrix, not the cache's mapping
+        assert all(getattr(m, n).weight.untyped_storage().data_ptr() == storage.data_ptr() for n in m.FUSED)
+        for n in m.FUSED:  # the cache's rows and scales it was copied from were given back
+            assert {f"{owner_name}.{n}.weight", f"{owner_name}.{n}.scale"} <= set(released)
+    assert not any(name.startswith("embed.") for name in released)  # a view of the mapping: kept
 
 
 def test_a_changed_weights_file_misses_the_int8_cache(model_dir, monkeypatch):

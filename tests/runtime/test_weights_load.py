@@ -37,12 +37,12 @@ def test_int8_load_reads_blocks_and_equals_quantizing_the_fp32_load(model_dir, m
     seen: list[tuple[str, tuple[int, ...]]] = []
     real = weights.blocks
 
-    def spy(f, info, dtype, block_bytes=None):
-        for r, block in real(f, info, dtype, block_bytes):
+    def spy(f, info, dtype, block_bytes=None, **kw):
+        for r, block in real(f, info, dtype, block_bytes, **kw):
             seen.append((info.name, tuple(block.shape)))
             yield r, block
 
-    monkeypatch.setattr("agent.runtime.checkpoint.blocks", spy)
+    monkeypatch.setattr("agent.runtime.fill.blocks", spy)
     monkeypatch.setattr(weights, "BLOCK_BYTES", 4096)  # 16 fp32 rows of 64
     direct = load_model_dir(model_dir, quant="int8")
     after = quantize_loaded(load_model_dir(model_dir), "int8")
