@@ -17,7 +17,11 @@ Kinds of dialogue (`KIND_SHARES`):
   the later value (in the window, or through the block when `recall` applies as well).
 - "anchor": an everyday request (recipes/answer/requests.py) answered in the teacher's own
   words (recipes/answer/teacher.py), after a stated detail; about a third of the requests
-  mention the user's own things and ask for something new.
+  mention the user's own things and ask for something new. `FRESH_ANCHOR_SHARE` of them are
+  a fresh chat with one or two requests and nothing stated (a plain question after nothing
+  said is answered, never "not told").
+- plain text (`--text N`): N records of the Python reference's prose, trained as a document,
+  so the tuned model still reads prose as the base does.
 
 About a third of all questions ask for a detail never given (`NOT_TOLD_SHARE`), half of
 those of a kind that was given; the reply is the concept's short "you haven't told me ..."
@@ -46,6 +50,8 @@ WINDOW_REACH = 220  # a statement asked about in the window kinds starts at most
 MAX_TOKENS = 480  # a dialogue fits one row of --seq-len 512 (--pack rows)
 KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14}  # drawn; rejections shift the kept shares a little
 NOT_TOLD_SHARE = 0.33
+FRESH_ANCHOR_SHARE = 0.4  # of the anchor dialogues: a fresh chat with requests only, nothing stated
+TEXT_CHARS = 560  # a plain-text record: about 130 tokens of the Python reference's prose
 NEAR_SHARE = 0.5  # of the never-given questions: a kind that was given
 RECALL_DISTANCE = (2_000, 20_000)  # tokens ago the recalled statements were said (beyond any window)
 BLOCK_BUDGET = 128  # tokens: `rule.block_budget` of the default model (half its 256-token window)
@@ -146,6 +152,12 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     talk = _Talk(rng)
     msgs: list[Message] = [{"role": "system", "content": ""}]
     taken: set[str] = set()
+    if kind == "anchor" and rng.random() < FRESH_ANCHOR_SHARE:
+        # A fresh chat that states nothing and asks nothing: one or two everyday requests
+        # answered as the teacher answers them (a plain question is never "not told").
+        for req, reply in rng.sample(list(anchors), rng.choice((1, 1, 2))):
+            msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
+        return msgs
     k = 1 if kind == "anchor" else rng.choice((1, 2, 2, 3, 4))
     stated = _pick(rng, concepts, k)
     facts = {c.name: (c, _value(rng, c.kind, taken)) for c in stated}
@@ -242,7 +254,33 @@ def clean_anchors(anchors: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(q, a) for q, a in anchors if not any(mentions(q + " " + a, v) for v in held)]
 
 
-def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), **mix: Any) -> dict[str, Any]:
+def text_records(n: int, seed: int) -> list[str]:
+    """`n` pieces of plain prose of about `TEXT_CHARS` characters (whole paragraphs where they
+    fit) from the Python language reference that the standard library ships for help()
+    (`pydoc_data.topics`): trained as plain text, they hold the model's reading of prose
+    that is not chat. Not the docstrings that `recipes.answer.check` measures perplexity on."""
+    from recipes.smollm2_hybrid.text import reference_text
+
+    pieces, cur = [], ""
+    for para in reference_text(10**9).split("\n\n"):
+        para = para.strip()
+        if not para:
+            continue
+        if cur and len(cur) + len(para) > TEXT_CHARS:
+            pieces.append(cur)
+            cur = ""
+        cur = (cur + "\n\n" + para) if cur else para[: 2 * TEXT_CHARS]
+    if cur:
+        pieces.append(cur)
+    held = held_out_words()  # a piece that names a held-out value ("green", "Friday") is left out
+    pieces = [p for p in dict.fromkeys(pieces) if len(p) >= TEXT_CHARS // 4 and not any(mentions(p, v) for v in held)]
+    random.Random(f"answer-text/{seed}").shuffle(pieces)
+    return pieces[:n]
+
+
+def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), text: int = 0,
+          **mix: Any) -> dict[str, Any]:
+    """DIR/train.jsonl (+ `text` plain-text records), DIR/eval.jsonl and DIR/stats.json."""
     out.mkdir(parents=True, exist_ok=True)
     given = len(anchors)
     anchors = clean_anchors(anchors)
@@ -252,6 +290,11 @@ def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tu
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for _, msgs in rows:
                 f.write(json.dumps({"messages": msgs}) + "\n")
+            if name == "train" and text:
+                pieces = text_records(text, seed)
+                for piece in pieces:
+                    f.write(json.dumps({"text": piece}) + "\n")
+                stats["text_records"] = len(pieces)
         stats[name] = {"dialogues": n, "kinds": dict(Counter(k for k, _ in rows)),
                        "est_tokens": sum(size(m) for _, m in rows)}
     (out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
@@ -267,9 +310,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--anchors", type=Path, help="recipes/answer/teacher.py's replies (JSONL)")
     ap.add_argument("--not-told-share", type=float, default=NOT_TOLD_SHARE)
     ap.add_argument("--near-share", type=float, default=NEAR_SHARE)
+    ap.add_argument("--anchor-share", type=float, default=KIND_SHARES["anchor"],
+                    help=f"share of anchor dialogues (default {KIND_SHARES['anchor']}; {FRESH_ANCHOR_SHARE:.0%} of them fresh chats)")
+    ap.add_argument("--text", type=int, default=0, metavar="N",
+                    help="add N plain-text records of the Python reference's prose to train.jsonl (0: none)")
     a = ap.parse_args(argv)
+    shares = {**KIND_SHARES, "anchor": a.anchor_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
-                           not_told=a.not_told_share, near=a.near_share)))
+                           not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text)))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,25 @@ def test_generated_training_text_holds_no_held_out_phrasing_or_value(tmp_path: P
     assert set(stats["eval"]["kinds"]) <= {"window", "recall", "update"}
 
 
+def test_text_records_and_fresh_anchors_join_the_training_file(tmp_path: Path) -> None:
+    from recipes.answer.mix import held_out_words, text_records
+    from recipes.smollm2_hybrid.text import stdlib_text
+
+    stats = write(tmp_path, train=200, eval_n=5, seed=3, anchors=ANCHORS, text=40, shares={"window": 0.5, "anchor": 0.5})
+    recs = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    texts = [r["text"] for r in recs if "text" in r]
+    assert stats["text_records"] == len(texts) == 40 and len(recs) == 240
+    assert len(set(texts)) == 40 and all(100 <= len(t) <= 1200 for t in texts)
+    measured = stdlib_text(8000)  # check.py's perplexity text is never trained
+    assert not any(t[:80] in measured for t in texts)
+    held = held_out_words()
+    assert not any(w in held for t in texts for w in _words(t))
+    fresh = [r["messages"] for r in recs if "messages" in r and all(m["role"] != "user" or m["content"] in dict(ANCHORS) for m in r["messages"])]
+    assert fresh, "some anchor dialogues are a fresh chat of requests only"
+    assert all(m["content"] in dict(ANCHORS).values() for r in fresh for m in r if m["role"] == "assistant")
+    assert text_records(40, 3) == texts  # seeded
+
+
 def test_held_out_requests_are_never_anchors_nor_near_copies() -> None:
     assert len(HELDOUT_REQUESTS) >= 60 and len(set(HELDOUT_REQUESTS)) == len(HELDOUT_REQUESTS)
     assert len(ANCHOR_REQUESTS) >= 250 and len(set(ANCHOR_REQUESTS)) == len(ANCHOR_REQUESTS)
