@@ -22,11 +22,20 @@ The scores (the policy; chosen by measurement, recipes/smollm2_hybrid/measure/me
 - "attention", TOVA's: the softmax weight that the query of step t gives the leaving key at
   RoPE distance W, normalised over sinks and window (not the memory, so a block's scores are
   known before its memory is), mean over the kv head's query heads.
-- "novelty": how unlike every key still in the window the leaving key is,
-  max(0, 1 - TWIN - max_j cos(k, k_j)) over the W keys that remain once it has left (positions
-  p + 1 .. p + W for the token at p), un-rotated, per kv head. Repetitive text (filler, common
-  words) has a near-twin in the window and scores 0; a name, number or pass key said once has
-  none, so the memory keeps what nothing later repeats. Keys, not key ++ value: the memory is
+- "novelty": how unlike the keys still in the window the leaving key is,
+  max(0, 1 - TWIN - max_j cos(k, k_j)) over the keys that remain once it has left and lie more
+  than NOVELTY_SPAN tokens after it (positions p + NOVELTY_SPAN + 1 .. p + W for the token at
+  p), un-rotated, per kv head. Repetitive text (filler, common words) has a near-twin in the
+  window and scores 0; a name, number or pass key said once has none, so the memory keeps what
+  nothing later repeats.
+  NOVELTY_SPAN: a repeat right after a token is content, not redundancy: the doubled digit of
+  a pass key "88020", a doubled letter, "very very". Its first copy leaves the window while
+  the second, an almost identical un-rotated key, is still in it; counted as a twin, that copy
+  would score 0 and never be kept, and the memory would give back "8020". So keys within the
+  span after the leaving one are not twins; a repeat further away (the same filler sentence,
+  a word used again) is, and makes the token redundant as before. The span is in tokens,
+  after the leaving token, so it is fixed by the positions alone (every form agrees on it);
+  with W <= NOVELTY_SPAN no key counts and every token scores 2 - TWIN. Keys, not key ++ value: the memory is
   read by key, so a leaving key with a near-twin in the window is one whose queries the window
   already answers (with the twin's value); values would double the cost of the score. Not yet
   measured against k ++ v on a model. The window is fixed at the step the token leaves, so
@@ -47,6 +56,7 @@ from agent.runtime.layers import StateSpec
 
 MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")
 TWIN = 1e-4  # "novelty": a key within this cosine of a window key is a repeat (score 0); see above
+NOVELTY_SPAN = 8  # "novelty": window keys at most this many tokens after the leaving one are no twins; see above
 EMPTY = 0  # mem_pos of a slot that holds no token (its key, value and score are 0 too)
 
 
@@ -108,9 +118,16 @@ def recall_error(v: Tensor, o: Tensor) -> Tensor:
 
 def novelty(k: Tensor, keys: Tensor, ok: Tensor | None) -> Tensor:
     """The "novelty" score: k [B, G, c, D] the keys leaving at c steps, keys [B, G, N, D] keys
-    that may be in the window, ok [B, c, N]: whether key j is in the window that remains after
-    step i's token has left (None: all are), all un-rotated -> [B, G, c]:
-    max(0, 1 - TWIN - max_j cos(k_i, k_j))."""
+    that may be in the window, ok [B, c, N]: whether key j counts for step i: it is in the
+    window that remains after step i's token (at p) has left and its position is > p +
+    NOVELTY_SPAN (`twin_ok`; None: all count), all un-rotated -> [B, G, c]:
+    max(0, 1 - TWIN - max_j cos(k_i, k_j)), max over no key = -1."""
     cos = F.normalize(k, dim=-1) @ F.normalize(keys, dim=-1).transpose(-1, -2)  # [B, G, c, N]
     near = (cos if ok is None else cos.masked_fill(~ok[:, None], -1.0)).amax(-1)
     return (1.0 - TWIN - near).clamp_min(0.0)
+
+
+def twin_ok(leaving: Tensor, at: Tensor) -> Tensor:
+    """Whether a window key at position `at` may be a twin of the token leaving at `leaving`
+    (broadcasting int64 positions): only past the span right after it (see NOVELTY_SPAN)."""
+    return at > leaving + NOVELTY_SPAN

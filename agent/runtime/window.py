@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
-from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, memory_spec, novelty, recall_error
+from agent.runtime.memory import MEMORY_NAMES, NOVELTY_SPAN, TWIN, admit, memory_spec, novelty, recall_error, twin_ok
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -185,10 +185,12 @@ def window_attention(
             kb, vb = ev_k[:, :, i0:i1], ev_v[:, :, i0:i1]
             if ev_score is not None:
                 score = ev_score[:, i0:i1].transpose(1, 2)
-            elif memory_policy == "novelty":  # against the keys the step's query sees in the window
-                win_keys, win_ok = kn[:, :, j0:i1], call_ok
+            elif memory_policy == "novelty":  # against the window keys the step's query sees, past the span
+                leaving = tq - W  # [B, c, 1]: the position leaving at each step
+                win_keys, win_ok = kn[:, :, j0:i1], call_ok & twin_ok(leaving, new_pos[:, None, j0:i1])
                 if i0 < W:
-                    win_keys, win_ok = torch.cat([ring_un, win_keys], 2), torch.cat([ring_ok, win_ok], 2)
+                    near_ok = ring_ok & twin_ok(leaving, ring_pos[:, None, :])
+                    win_keys, win_ok = torch.cat([ring_un, win_keys], 2), torch.cat([near_ok, win_ok], 2)
                 score = novelty(kb, win_keys, win_ok)
             else:  # "attention": the weight the step's query gives its leaving key
                 s_ev = (q_mem[..., i0:i1, :] * kb[:, :, None]).sum(-1)  # [B, G, R, c]
@@ -272,8 +274,10 @@ def hybrid_attention_naive(
             if memory_policy == "attention":
                 s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
                 w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
-            elif memory_policy == "novelty":  # against the W keys left in the window: p + 1 .. t
-                near = F.cosine_similarity(kd[:, p, :, None], kd[:, win].transpose(1, 2), dim=-1).amax(-1)  # [B, H]
+            elif memory_policy == "novelty":  # against the keys left in the window past the span: p + span + 1 .. t
+                far = [j for j in win if j > p + NOVELTY_SPAN]
+                near = (F.cosine_similarity(kd[:, p, :, None], kd[:, far].transpose(1, 2), dim=-1).amax(-1) if far
+                        else kd.new_full((B, H), -1.0))  # [B, H]
                 w_ev = (1.0 - TWIN - near).clamp_min(0.0)
             else:  # the branch's read of p's own key, right after writing it
                 a = torch.einsum("bhf,behf->beh", phi_k[:, p].double(), phi_k[:, ev].double()) * scale * decay

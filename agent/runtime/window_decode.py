@@ -14,7 +14,8 @@ token), in the fewest ops a step can take:
   back) and steps the Simple-GLA state in place (`gla.gla_step_`'s update, written here
   with the appended ones column as a separate add rather than a concatenated value);
 - the memory (if on) scores the leaving key ("novelty" against the ring's window slots
-  rotated back with a per-slot table), admits it (`memory.admit`) and is read at angle W.
+  rotated back with a per-slot table, those within `memory.NOVELTY_SPAN` after the leaving
+  token masked by another), admits it (`memory.admit`) and is read at angle W.
 
 Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
 choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from agent.runtime.layers import f32, project, rope_cos_sin
-from agent.runtime.memory import EMPTY, MEMORY_NAMES, admit, novelty, recall_error
+from agent.runtime.memory import EMPTY, MEMORY_NAMES, NOVELTY_SPAN, admit, novelty, recall_error
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -57,6 +58,7 @@ class StepTables:
     sin_mem: Tensor
     cos_ring: Tensor  # [W, D]: the window slots' angles S .. S + W - 1 (to rotate their keys back)
     sin_ring: Tensor
+    twin: Tensor  # [N, W] bool: window slot S + j may hold a twin of the token leaving at c ("novelty")
 
 
 _TABLES: dict[tuple, StepTables] = {}
@@ -84,7 +86,11 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         bias = torch.zeros(valid.shape, device=device).masked_fill(~valid, float("-inf"))
         cos_m, sin_m = rope_cos_sin(torch.full((1,), W, device=device), dim, theta)
         cos_r, sin_r = rope_cos_sin(torch.arange(S, S + W, device=device), dim, theta)
-        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign)
+        # After t's write, window slot S + j holds t - d with d = (slot(t) - S - j) mod W; the
+        # token leaving is t - W, so the slot is past the span after it iff W - d > span.
+        d = torch.remainder(slot_t - S - torch.arange(W, device=device)[None, :], W)
+        twin = W - d > NOVELTY_SPAN
+        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign, twin)
     return _TABLES[key]
 
 
@@ -163,7 +169,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
         elif c.memory_policy == "novelty":  # the ring's window slots, after the write: the W keys left
             ring = win_k[:, :, S:]
             keys = ring * tabs.cos_ring - ring.roll(half, -1) * tabs.sin_ring  # rotated back
-            score = novelty(ev_k[:, :, None], keys, None)[..., 0]
+            score = novelty(ev_k[:, :, None], keys, _rows(tabs.twin, cs)[:, None])[..., 0]  # past the span only
         else:
             score = recall_error(ev_v[:, :, None].expand(B, G, R, D), (phi_k @ gla)[..., 0, :])
         mem = {n: state[n] for n in MEMORY_NAMES}

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from agent.runtime.generation import EagerRunner
-from agent.runtime.memory import EMPTY, admit, novelty
+from agent.runtime.memory import EMPTY, NOVELTY_SPAN, admit, novelty
 from agent.runtime.state import RecurrentState
 from agent.runtime.window import naive_forward
 from tests.runtime.test_window import window_model
 
 TOL = 1e-4
+NW = NOVELTY_SPAN + 4  # "novelty" models' window: keys past the span after a leaving token, so twins can count
 
 GRID = [
     pytest.param(dict(memory_slots=4, memory_policy="attention", gla_branch=False), id="attention-window-only"),
@@ -25,10 +26,15 @@ GRID = [
     pytest.param(dict(memory_slots=5, memory_policy="recall", combine="gated", n_kv_heads=1), id="recall-gated-mqa"),
 ]
 NOVELTY = [
-    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False), id="novelty-window-only"),
-    pytest.param(dict(memory_slots=3, memory_policy="novelty", combine="gated", n_kv_heads=1), id="novelty-gated-mqa"),
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW), id="novelty-window-only"),
+    pytest.param(dict(memory_slots=3, memory_policy="novelty", combine="gated", n_kv_heads=1, window=NW), id="novelty-gated-mqa"),
 ]
 GRID += NOVELTY
+
+
+def wide(policy: str) -> dict:
+    """The window a policy's test model takes: NW for "novelty", the preset's otherwise."""
+    return {"window": NW} if policy == "novelty" else {}
 
 
 def test_admit_keeps_the_best_m_of_the_stream_in_position_order():
@@ -131,7 +137,7 @@ def test_lean_step_with_memory_equals_forward_token_by_token(kw):
 
 @pytest.mark.parametrize("policy", ["recall", "novelty"])
 def test_decode_token_by_token_equals_chunked_prefill_with_memory(policy):
-    model = window_model(memory_slots=4, memory_policy=policy)
+    model = window_model(memory_slots=4, memory_policy=policy, **wide(policy))
     ids = torch.randint(0, 64, (70,), generator=torch.Generator().manual_seed(6)).tolist()
     with torch.no_grad():
         last, chunked = EagerRunner(model, segment_len=16).prefill(ids)
@@ -146,7 +152,7 @@ def test_decode_token_by_token_equals_chunked_prefill_with_memory(policy):
 
 @pytest.mark.parametrize("policy", ["attention", "novelty"])
 def test_padded_and_batched_rows_with_memory_are_independent(policy):
-    model = window_model(memory_slots=3, memory_policy=policy)
+    model = window_model(memory_slots=3, memory_policy=policy, **wide(policy))
     ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         _, prefix = model(ids[:, :20])
@@ -229,7 +235,7 @@ def test_novelty_memory_keeps_the_token_said_once_not_the_filler(split):
     of its token alone, so every filler key has an exact twin in the window) the memory holds
     the most recent filler until the one-off token leaves the window, then that token for
     good, whatever the filler that keeps leaving after it; however the stream is split."""
-    model = window_model(memory_slots=1, memory_policy="novelty", gla_branch=False)
+    model = window_model(memory_slots=1, memory_policy="novelty", gla_branch=False, window=NW)
     c = model.config
     unique_at = 12
     ids = torch.tensor([periodic(60, 3, unique_at)])
@@ -246,3 +252,35 @@ def test_novelty_memory_keeps_the_token_said_once_not_the_filler(split):
             assert slots == [unique_at + 1] * c.kv_heads, (end, slots)
         elif last >= c.sinks + c.window:  # filler only has left: all 0, the latest wins the tie
             assert slots == [last - c.window + 1] * c.kv_heads, (end, slots)
+
+
+@pytest.mark.parametrize("path", ["one-pass", "pieces", "lean-step"])
+@pytest.mark.parametrize("gap", [1, NOVELTY_SPAN, NOVELTY_SPAN + 1])
+def test_novelty_keeps_a_repeat_within_the_span_and_drops_a_far_one(gap, path):
+    """A token said twice, `gap` tokens apart, in a period-2 filler, M = 2, layer 0 (a key is
+    a function of its token alone: copies are exact twins). Within NOVELTY_SPAN the second copy
+    is no twin of the first ("88020"): both copies score > 0 and the memory ends with both (it
+    would hold only the second with the filler beside it, were the near copy a twin). At
+    NOVELTY_SPAN + 1 the second copy is in the window past the span when the first leaves: the
+    first scores 0 as the filler does, and the memory ends with the second and the latest
+    filler. Prefill, prefill in pieces and the lean decode step agree."""
+    model = window_model(memory_slots=2, memory_policy="novelty", gla_branch=False, window=NW)
+    c = model.config
+    u = 12  # the first copy; the filler's twins past the span are 2 apart, so two copies never hide both
+    T = u + NOVELTY_SPAN + 1 + NW + 7  # the second copy has left the window too, whatever the gap
+    ids = periodic(T, 2, u, filler=(5, 6), unique=42)
+    ids[u + gap] = 42
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        if path == "lean-step":
+            state = model.new_state(1)
+            for t in range(T):
+                model.step_(ids[:, t], state)
+        else:
+            state, pos = None, 0
+            for n in ((T,) if path == "one-pass" else (5, 17, 1, 9, T - 32)):
+                _, state = model(ids[:, pos : pos + n], state)
+                pos += n
+    held = state.tensors["mem_pos"][0, 0].flatten().tolist()  # layer 0, row 0: [G * M], 1 + position
+    want = [u + 1, u + gap + 1] if gap <= NOVELTY_SPAN else [u + gap + 1, T - c.window]  # T - 1 - W left last
+    assert held == want * c.kv_heads, (gap, path, held)
