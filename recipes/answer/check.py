@@ -4,6 +4,9 @@ model's own chat replies, before and after the delta, and both models' replies s
     python -m recipes.answer.check -m MODEL_DIR (--delta DELTA | --tuned MODEL_DIR) [--out report.json]
 
 Plain text: the standard library's docstrings (recipes/smollm2_hybrid/text.py), 1,024 tokens.
+A second plain text, far from Python's documentation: the first 1,024 tokens of the GPL-3
+(`/usr/share/common-licenses/GPL-3`, where the machine has it), as `license_ppl`.
+Over-refused: the share of those replies that say "you haven't told me" to a plain request.
 Invented: the share of replies to `PROMPTS`, each asked in a fresh chat, that claim the user
 said or told something (`requests.claims_user_said`): with nothing said before, every such
 claim is made up (issue 36's floor: at most 2%).
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from agent.probes.engine import greedy_rows
+from agent.probes.natural_text import says_not_told
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
 from recipes.answer.requests import HELDOUT_REQUESTS, claims_user_said
@@ -56,14 +60,30 @@ def nll(lm: LoadedModel, context: list[int], target: list[int]) -> tuple[float, 
     return float(F.cross_entropy(tail, ids[0, len(context) :], reduction="sum")), len(target)
 
 
-def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list[int]) -> dict[str, float]:
+def license_text() -> str | None:
+    """A second plain text, far from Python's documentation (run 3 trains on the language
+    reference's prose): the GPL-3 as Debian ships it, when the machine has it."""
+    path = Path("/usr/share/common-licenses/GPL-3")
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def text_ppl(lm: LoadedModel, text: list[int]) -> tuple[float, int]:
+    bos = lm.template.bos_ids(lm.tokenizer)
+    return nll(lm, bos or text[:1], text if bos else text[1:])
+
+
+def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list[int],
+           license: list[int] | None = None) -> dict[str, float]:
     tot, n = 0.0, 0
     for ctx, rep in chats:
         s, k = nll(lm, ctx, rep)
         tot, n = tot + s, n + k
-    bos = lm.template.bos_ids(lm.tokenizer)
-    s, k = nll(lm, bos or text[:1], text if bos else text[1:])
-    return {"chat_loss": tot / n, "chat_ppl": math.exp(tot / n), "text_loss": s / k, "text_ppl": math.exp(s / k)}
+    s, k = text_ppl(lm, text)
+    out = {"chat_loss": tot / n, "chat_ppl": math.exp(tot / n), "text_loss": s / k, "text_ppl": math.exp(s / k)}
+    if license:
+        s, k = text_ppl(lm, license)
+        out["license_ppl"] = math.exp(s / k)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,30 +97,35 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     lm = load_model_dir(a.model)
     text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
+    gpl = license_text()
+    license = lm.tokenizer.encode(gpl)[:TEXT_TOKENS] if gpl else None
     base_replies = replies(lm)
     chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
-    before = losses(lm, chats, text)
+    before = losses(lm, chats, text, license)
     if a.delta:
         tensors, fmt = read_delta(a.delta)
         apply_delta(lm.model, tensors, fmt)
         tuned = lm
     else:
         tuned = load_model_dir(a.tuned)
-    after = losses(tuned, chats, text)
+    after = losses(tuned, chats, text, license)
     tuned_replies = replies(tuned)
     dec = lm.tokenizer.decode
     samples = [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)]
     for s in samples:
         s["base_invented"], s["tuned_invented"] = claims_user_said(s["base"]), claims_user_said(s["tuned"])
+        s["base_not_told"], s["tuned_not_told"] = says_not_told(s["base"]), says_not_told(s["tuned"])
     for name, side in (("before", before), ("after", after)):
-        side["invented"] = sum(s[("base" if name == "before" else "tuned") + "_invented"] for s in samples) / len(samples)
+        who = "base" if name == "before" else "tuned"
+        side["invented"] = sum(s[who + "_invented"] for s in samples) / len(samples)
+        side["over_refused"] = sum(s[who + "_not_told"] for s in samples) / len(samples)  # "you haven't told me" to a plain request
     report: dict[str, Any] = {"model": a.model, "delta": a.delta, "tuned": a.tuned, "requests": len(PROMPTS), "before": before,
                               "after": after, "samples": samples}
     if a.out:
         a.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(json.dumps({"before": before, "after": after}, indent=2))
     for s in samples:
-        flag = "  [invented]" if s["tuned_invented"] else ""
+        flag = "  [invented]" if s["tuned_invented"] else "  [over-refused]" if s["tuned_not_told"] else ""
         print(f"\n> {s['prompt']}\n  base : {s['base']!r}\n  tuned: {s['tuned']!r}{flag}")
 
 

@@ -146,7 +146,8 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
 
 
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
-             near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = ()) -> list[Message] | None:
+             near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
+             ) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update" or "anchor"); None when a recall
     block would not hold an answer the reply gives (the caller draws again)."""
     talk = _Talk(rng)
@@ -209,7 +210,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
         asks = asks[:1]
     else:
-        msgs += talk.gap(rng.randint(*GAP_TOKENS))
+        msgs += talk.gap(rng.randint(*gap))
     for c, v in asks:
         if v is not None and size(msgs) - where[c.name] > WINDOW_REACH:
             return None  # the statement would have left the window: that is the "recall" kind's case
@@ -220,7 +221,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
-              ) -> list[tuple[str, list[Message]]]:
+              gap: tuple[int, int] = GAP_TOKENS) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (longer draws are drawn again); no
     "anchor" kind without anchors."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -231,7 +232,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     out: list[tuple[str, list[Message]]] = []
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
-        msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors)
+        msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap)
         if msgs is not None and size(msgs) <= MAX_TOKENS:
             out.append((kind, msgs))
     return out
@@ -314,10 +315,20 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"share of anchor dialogues (default {KIND_SHARES['anchor']}; {FRESH_ANCHOR_SHARE:.0%} of them fresh chats)")
     ap.add_argument("--text", type=int, default=0, metavar="N",
                     help="add N plain-text records of the Python reference's prose to train.jsonl (0: none)")
+    ap.add_argument("--window-share", type=float, default=KIND_SHARES["window"], help="share of window dialogues")
+    ap.add_argument("--gap", default=f"{GAP_TOKENS[0]},{GAP_TOKENS[1]}", metavar="LO,HI",
+                    help=f"tokens of small talk between the statements and the first question in window dialogues (default {GAP_TOKENS[0]},{GAP_TOKENS[1]})")
     a = ap.parse_args(argv)
-    shares = {**KIND_SHARES, "anchor": a.anchor_share}
+    try:
+        lo, hi = (int(x) for x in a.gap.split(","))
+        if not 0 <= lo <= hi <= WINDOW_REACH:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--gap {a.gap!r}: give LO,HI in tokens with 0 <= LO <= HI <= {WINDOW_REACH}, e.g. --gap 60,200")
+    shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
-                           not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text)))
+                           not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
+                           gap=(lo, hi))))
 
 
 if __name__ == "__main__":
