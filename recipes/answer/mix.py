@@ -20,6 +20,8 @@ Kinds of dialogue (`KIND_SHARES`):
   mention the user's own things and ask for something new. `FRESH_ANCHOR_SHARE` of them are
   a fresh chat with one or two requests and nothing stated (a plain question after nothing
   said is answered, never "not told").
+- `--gap LO,HI` and `--window-share`: longer small talk before the question, and more
+  window dialogues (run 3b's continuation: 60-200 tokens, the far end of the window).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 

@@ -104,6 +104,19 @@ def test_text_records_and_fresh_anchors_join_the_training_file(tmp_path: Path) -
     assert text_records(40, 3) == texts  # seeded
 
 
+def test_gap_option_bounds_the_small_talk_and_refuses_bad_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import main
+
+    near = dialogues(60, 1, TRAIN_CONCEPTS, shares={"window": 1.0}, gap=(0, 0))
+    far = dialogues(60, 1, TRAIN_CONCEPTS, shares={"window": 1.0}, gap=(150, 200))
+    mean = lambda rows: sum(size(m) for _, m in rows) / len(rows)  # noqa: E731
+    assert mean(far) > mean(near) + 100  # the gap is there, in tokens
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--gap", "300,10"])
+    assert exc.value.code == 2 and "--gap '300,10'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_held_out_requests_are_never_anchors_nor_near_copies() -> None:
     assert len(HELDOUT_REQUESTS) >= 60 and len(set(HELDOUT_REQUESTS)) == len(HELDOUT_REQUESTS)
     assert len(ANCHOR_REQUESTS) >= 250 and len(set(ANCHOR_REQUESTS)) == len(ANCHOR_REQUESTS)
