@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
-from agent.runtime.memory import MEMORY_NAMES, NOVELTY_SPAN, TWIN, admit, memory_spec, novelty, recall_error, twin_ok
+from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, memory_spec, novelty, recall_error, twin_ok
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -275,7 +275,7 @@ def hybrid_attention_naive(
                 s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
                 w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
             elif memory_policy == "novelty":  # against the keys left in the window past the span: p + span + 1 .. t
-                far = [j for j in win if j > p + NOVELTY_SPAN]
+                far = [j for j in win if twin_ok(p, j)]
                 near = (F.cosine_similarity(kd[:, p, :, None], kd[:, far].transpose(1, 2), dim=-1).amax(-1) if far
                         else kd.new_full((B, H), -1.0))  # [B, H]
                 w_ev = (1.0 - TWIN - near).clamp_min(0.0)

@@ -73,15 +73,15 @@ def text_ppl(lm: LoadedModel, text: list[int]) -> tuple[float, int]:
 
 
 def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list[int],
-           license: list[int] | None = None) -> dict[str, float]:
+           gpl: list[int] | None = None) -> dict[str, float]:
     tot, n = 0.0, 0
     for ctx, rep in chats:
         s, k = nll(lm, ctx, rep)
         tot, n = tot + s, n + k
     s, k = text_ppl(lm, text)
     out = {"chat_loss": tot / n, "chat_ppl": math.exp(tot / n), "text_loss": s / k, "text_ppl": math.exp(s / k)}
-    if license:
-        s, k = text_ppl(lm, license)
+    if gpl:
+        s, k = text_ppl(lm, gpl)
         out["license_ppl"] = math.exp(s / k)
     return out
 
@@ -97,18 +97,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     lm = load_model_dir(a.model)
     text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
-    gpl = license_text()
-    license = lm.tokenizer.encode(gpl)[:TEXT_TOKENS] if gpl else None
+    gpl_text = license_text()
+    gpl = lm.tokenizer.encode(gpl_text)[:TEXT_TOKENS] if gpl_text else None
     base_replies = replies(lm)
     chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
-    before = losses(lm, chats, text, license)
+    before = losses(lm, chats, text, gpl)
     if a.delta:
         tensors, fmt = read_delta(a.delta)
         apply_delta(lm.model, tensors, fmt)
         tuned = lm
     else:
         tuned = load_model_dir(a.tuned)
-    after = losses(tuned, chats, text, license)
+    after = losses(tuned, chats, text, gpl)
     tuned_replies = replies(tuned)
     dec = lm.tokenizer.decode
     samples = [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)]
