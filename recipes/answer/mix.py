@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--not-told-share", type=float, default=NOT_TOLD_SHARE)
     ap.add_argument("--near-share", type=float, default=NEAR_SHARE)
     ap.add_argument("--anchor-share", type=float, default=KIND_SHARES["anchor"],
-                    help=f"share of anchor dialogues (default {KIND_SHARES['anchor']}; {FRESH_ANCHOR_SHARE:.0%} of them fresh chats)")
+                    help=f"share of anchor dialogues (default {KIND_SHARES['anchor']}; {FRESH_ANCHOR_SHARE * 100:.0f}%% of them fresh chats)")
     ap.add_argument("--text", type=int, default=0, metavar="N",
                     help="add N plain-text records of the Python reference's prose to train.jsonl (0: none)")
     ap.add_argument("--window-share", type=float, default=KIND_SHARES["window"], help="share of window dialogues")
