@@ -61,6 +61,20 @@ def kind(reply: str, verdict: str) -> str:
     return "deflects" if DEFLECT.search(reply) else verdict
 
 
+def back(lm, c: natural.Conversation) -> int:  # type: ignore[no-untyped-def]
+    """Tokens from the first token of the statement asked about to the end of the question:
+    at most the window's size means the whole statement is inside the window when the
+    answer starts (the assistant header's few tokens aside)."""
+    start = len(lm.template.message(lm.tokenizer, "system", "", first=True))
+    for role, body, n in c.said:
+        if role == "user" and c.value in body:
+            break
+        start += n
+    else:
+        raise ValueError(f"no statement of {c.value!r} in the trial's turns")
+    return len(c.ids) + len(lm.template.message(lm.tokenizer, "user", c.question)) - start
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
@@ -79,10 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     with concept_set(a.set):
         convs = [build_conversation(lm, c, a.seed, a.distance, t) for t, c in enumerate(plan(a.seed, a.distance, a.trials))]
         replies, _, _ = _ask(lm, _read(lm, convs), convs, _horizon(lm) if a.refresh == "on" else None)
+    window = getattr(lm.model.config, "window", 0)
     rows = []
     for c, (stated, absent) in zip(convs, replies):
         rows.append({"concept": c.concept.name, "value": c.value, "question": c.question, "reply": stated,
-                     "kind": kind(stated, score_stated(stated, c.value)),
+                     "kind": kind(stated, score_stated(stated, c.value)), "back": back(lm, c),
                      "absent_question": c.absent_question, "absent_reply": absent, "absent_kind": kind(absent, score_absent(absent))})
     n = len(rows)
     stated_counts = Counter(r["kind"] for r in rows)
@@ -90,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     summary = {"model": a.model, "delta": a.delta, "set": a.set, "refresh": a.refresh, "distance": a.distance, "trials": n,
                "stated": {k: v / n for k, v in sorted(stated_counts.items())},
                "never_stated": {k: v / n for k, v in sorted(absent_counts.items())}}
+    if window:  # the floor "inside the window" is read off these rows only
+        inside = [r for r in rows if r["back"] <= window]
+        summary["inside_window"] = {"window": window, "trials": len(inside),
+                                    "recalled": sum(r["kind"] == "recalled" for r in inside) / max(len(inside), 1)}
     if a.out:
         a.out.write_text(json.dumps({**summary, "rows": rows}, indent=2), encoding="utf-8")
     print(json.dumps(summary, indent=2))

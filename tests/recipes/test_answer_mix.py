@@ -297,3 +297,24 @@ def test_measure_runs_the_probes_own_conversations_over_the_second_set() -> None
         pool = HELDOUT2_VALUES.get(conv.concept.kind)
         assert conv.value in pool if pool else re.fullmatch(r"\d{6}", conv.value)
     assert natural.CONCEPTS is PROBE_CONCEPTS  # put back
+
+
+def test_measure_back_counts_from_the_statement_to_the_question() -> None:
+    from agent.probes import natural
+    from agent.runtime.checkpoint import load_model
+    from recipes.answer.measure import back
+
+    lm = load_model("tiny")
+    tok, tpl = lm.tokenizer, lm.template
+    for d in (0, 64, 200):
+        for t, c in enumerate(natural.plan(0, d, 4)):
+            conv = natural.build_conversation(lm, c, 0, d, t)
+            question = len(tpl.message(tok, "user", conv.question))
+            filler = len(conv.ids) - len(tpl.message(tok, "system", "", first=True)) - sum(n for *_, n in conv.said)
+            b = back(lm, conv)
+            # at least the filler, the question and the statement turn itself; at most all the turns
+            assert filler + question < b <= len(conv.ids) + question - len(tpl.message(tok, "system", "", first=True))
+            if not conv.distractors:  # the statement is the first turn after the system's
+                assert b == len(conv.ids) + question - len(tpl.message(tok, "system", "", first=True))
+            if d:
+                assert filler >= d
