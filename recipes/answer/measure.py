@@ -28,7 +28,7 @@ from agent.probes import natural
 from agent.probes.natural import _ask, _read, build_conversation, plan, score_absent, score_stated
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
-from agent.probes.natural_text import make_value
+from agent.probes.natural_text import make_value, mentions
 from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
 
 # A reply that declines or talks about itself instead of using the conversation.
@@ -67,7 +67,7 @@ def back(lm, c: natural.Conversation) -> int:  # type: ignore[no-untyped-def]
     answer starts (the assistant header's few tokens aside)."""
     start = len(lm.template.message(lm.tokenizer, "system", "", first=True))
     for role, body, n in c.said:
-        if role == "user" and c.value in body:
+        if role == "user" and mentions(body, c.value):
             break
         start += n
     else:
