@@ -307,7 +307,7 @@ def test_measure_back_counts_from_the_statement_to_the_question() -> None:
     lm = load_model("tiny")
     tok, tpl = lm.tokenizer, lm.template
     for d in (0, 64, 200):
-        for t, c in enumerate(natural.plan(0, d, 26)):  # every concept: some statements start with the value
+        for t, c in enumerate(natural.plan(0, d, 28)):  # trial 26 at d 0 states 'Amber has always been ...'
             conv = natural.build_conversation(lm, c, 0, d, t)
             question = len(tpl.message(tok, "user", conv.question))
             filler = len(conv.ids) - len(tpl.message(tok, "system", "", first=True)) - sum(n for *_, n in conv.said)
