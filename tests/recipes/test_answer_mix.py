@@ -318,3 +318,28 @@ def test_measure_back_counts_from_the_statement_to_the_question() -> None:
                 assert b == len(conv.ids) + question - len(tpl.message(tok, "system", "", first=True))
             if d:
                 assert filler >= d
+
+
+def test_mean_of_lora_deltas_averages_factors_and_refuses_mismatches(tmp_path: Path) -> None:
+    import torch
+
+    from agent.runtime.delta import DeltaError, read_delta, write_delta
+    from recipes.answer.mean import main, mean_lora
+
+    def lora(path: Path, scale: float, rank: int = 2) -> Path:
+        write_delta(path, {"w.lora_A": torch.full((rank, 3), scale), "w.lora_B": torch.full((4, rank), 2 * scale)}, "lora")
+        return path
+
+    a, b = lora(tmp_path / "a.safetensors", 1.0), lora(tmp_path / "b.safetensors", 3.0)
+    mean = mean_lora([a, b])
+    assert torch.equal(mean["w.lora_A"], torch.full((2, 3), 2.0)) and torch.equal(mean["w.lora_B"], torch.full((4, 2), 4.0))
+    main([str(a), str(b), "--out", str(tmp_path / "m.safetensors")])
+    tensors, fmt = read_delta(tmp_path / "m.safetensors")
+    assert fmt == "lora" and torch.equal(tensors["w.lora_A"], mean["w.lora_A"])
+    with pytest.raises(DeltaError, match="another rank"):
+        mean_lora([a, lora(tmp_path / "r4.safetensors", 1.0, rank=4)])
+    write_delta(tmp_path / "add.safetensors", {"w": torch.zeros(4, 3)}, "add")
+    with pytest.raises(DeltaError):
+        mean_lora([a, tmp_path / "add.safetensors"])
+    with pytest.raises(SystemExit, match="at least two"):
+        main([str(a), "--out", str(tmp_path / "x.safetensors")])
