@@ -8,7 +8,9 @@ The trials are exactly those of `laplace probe natural --distances D --trials N 
 --refresh off`, so its recall and "not told" columns are reproduced here; this adds the
 split of the wrong replies, which the probe lumps together. `--set heldout2` runs the same
 conversations over the second held-out set (recipes/answer/heldout2.py) instead of the probe's
-concepts and values.
+concepts and values. Each row carries `back`, the tokens from the statement asked about to
+the end of the question, and the summary's `inside_window` is recall over the rows whose
+`back` is at most the window: at 200 tokens of chat, some trials' details have left it.
 """
 
 from __future__ import annotations
