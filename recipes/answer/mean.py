@@ -22,6 +22,9 @@ from agent.runtime.delta import DeltaError, read_delta, write_delta
 def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
     if len(paths) < 2:
         raise DeltaError("give at least two deltas to average")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise DeltaError(f"{missing[0]}: no such file; give the delta.safetensors of each run")
     deltas = [read_delta(p, ("lora",))[0] for p in paths]
     first = deltas[0]
     for p, d in zip(paths[1:], deltas[1:]):

@@ -341,5 +341,7 @@ def test_mean_of_lora_deltas_averages_factors_and_refuses_mismatches(tmp_path: P
     write_delta(tmp_path / "add.safetensors", {"w": torch.zeros(4, 3)}, "add")
     with pytest.raises(DeltaError):
         mean_lora([a, tmp_path / "add.safetensors"])
+    with pytest.raises(DeltaError, match="no such file"):
+        mean_lora([a, tmp_path / "gone.safetensors"])
     with pytest.raises(SystemExit, match="at least two"):
         main([str(a), "--out", str(tmp_path / "x.safetensors")])
