@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, RMSNorm
 from agent.runtime.mixers import MIXERS
+from agent.runtime.native import decode as native_decode
 from agent.runtime.state import RecurrentState
 
 
@@ -144,7 +145,10 @@ class LaplaceModel(nn.Module):
         """The lean decode step: tokens [B] -> logits [B, vocab], folding them into `state`
         IN PLACE (its tensors are written, never replaced, and its count advanced by one).
         The same numbers as `forward(tokens[:, None], state)` without its per-step restack
-        of the whole state; `forward` stays the reference it is tested against."""
+        of the whole state; `forward` stays the reference it is tested against. One row on
+        the CPU runs through `native.decode`'s C kernels where they apply (the same numbers)."""
+        if tokens.shape[0] == 1 and (plan := native_decode.plan_for(self, state)) is not None:
+            return native_decode.step_(plan, self, tokens, state)
         x = self.embed(tokens)
         pos = state.positions
         for block, layer in zip(self.blocks, state.layer_views()):

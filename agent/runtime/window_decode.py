@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agent.runtime import native
 from agent.runtime.layers import f32, project, rope_cos_sin
 from agent.runtime.memory import EMPTY, MEMORY_NAMES, NOVELTY_SPAN, admit, novelty, recall_error
 
@@ -90,7 +91,7 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         # token leaving is t - W, so the slot is past the span after it iff W - d > span.
         d = torch.remainder(slot_t - S - torch.arange(W, device=device)[None, :], W)
         twin = W - d > NOVELTY_SPAN
-        _TABLES[key] = StepTables(cos, sin * sign, row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign, twin)
+        _TABLES[key] = StepTables(cos.contiguous(), (sin * sign).contiguous(), row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign, twin)
     return _TABLES[key]
 
 
@@ -109,6 +110,10 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
     tabs = step_tables(S, W, D, c.rope_theta, x.device)
+    if B == 1 and _native_ok(attn, x, state):
+        lib = native.library()
+        if lib is not None:
+            return _native_step(lib, attn, x, state, int(pos), tabs)
     ts = pos.tolist()
     cs = [canonical(t, S, W) for t in ts]
     slots = [t if t < S else S + (t - S) % W for t in ts]
@@ -206,3 +211,56 @@ def _phi(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
     G, R = x.shape[1], x.shape[2]
     z = x @ f32(weight).view(G, R, weight.shape[1], weight.shape[2])
     return torch.stack([z, z.neg()], -2).softmax(-1).flatten(-2)
+
+
+def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
+    """Whether `native`'s C step can take this token: one CPU row, no memory slots, no
+    gradient, no probe hooked on the decays, the state's tensors fp32 and contiguous."""
+    c = attn.config
+    if x.device.type != "cpu" or c.memory_slots or torch.is_grad_enabled() or c.head_k_dim != c.head_v_dim:
+        return False
+    tap = attn.decay_tap
+    if tap._forward_hooks or tap._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
+        return False
+    names = ("win_k", "win_v", "gla") if attn.gla_branch is not None else ("win_k", "win_v")
+    return all(state[n].dtype == torch.float32 and state[n].is_contiguous() for n in names)
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _native_step(lib: Any, attn: Any, x: Tensor, state: dict[str, Tensor], t: int, tabs: StepTables) -> Tensor:
+    """`window_step_` for one row through `native/decode.c`: the same math in one call."""
+    c = attn.config
+    qkv = torch.cat([f32(a) for a in project(attn, attn.FUSED, x)], -1)
+    y = torch.empty(1, c.n_heads * c.head_v_dim)
+    args, keep = window_args(attn, state, t, tabs, qkv.data_ptr(), 0, None, f32(x).contiguous())
+    if lib.laplace_window_step(*args, y.data_ptr()) != 0:
+        raise ValueError(f"the window step kernel refused the shapes H={c.n_heads} G={c.kv_heads} D={c.head_k_dim}")
+    del keep
+    return attn.o_proj(y.to(x.dtype))
+
+
+def window_args(attn: Any, state: dict[str, Tensor], t: int, tabs: StepTables, qkv: int, io_bf16: int,
+                qkv_scale: int | None, xin: Tensor) -> tuple[list[Any], list[Tensor]]:
+    """`native/decode.c`'s laplace_window_step arguments but the output, for position t
+    (qkv, qkv_scale: addresses; xin: the mixer's fp32 input, which the branch's decay reads),
+    and the tensors they point into that the caller must keep alive until the call."""
+    c, br = attn.config, attn.gla_branch
+    H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
+    ci = canonical(t, S, W)
+    row_bytes = 3 * D * 4
+    args = [qkv, io_bf16, qkv_scale, state["win_k"].data_ptr(), state["win_v"].data_ptr(),
+            tabs.cos3.data_ptr() + ci * row_bytes, tabs.sin3.data_ptr() + ci * row_bytes,
+            tabs.row.data_ptr() + ci * (S + W) * 8, tabs.bias.data_ptr() + ci * (S + W) * 4,
+            t if t < S else S + (t - S) % W, int(ci >= S + W), H, G, D, S + W]
+    if br is None:
+        return args + [None, None, 0, None, None, None, None, 0, 1.0, None, 1.0, 0, GATED_EPS], []
+    maps = [None, None] if c.feature_map == "elu" else [f32(br.q_map).contiguous(), f32(br.k_map).contiguous()]
+    params = [f32(br.decay_weight).contiguous(), f32(br.decay_bias).contiguous(), f32(br.mix).contiguous()]
+    f0 = 0 if maps[0] is None else maps[0].shape[-1]
+    args += [state["gla"].data_ptr(), xin.data_ptr(), c.d_model, params[0].data_ptr(), params[1].data_ptr(),
+             _ptr(maps[0]), _ptr(maps[1]), f0, float(c.gate_normalizer), params[2].data_ptr(),
+             c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
+    return args, [xin, *params, *(m for m in maps if m is not None)]

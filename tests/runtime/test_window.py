@@ -295,3 +295,76 @@ def test_ring_keys_are_rotated_once_to_their_slot():
     for p in list(range(cfg.sinks)) + list(range(25 - cfg.window, 25)):
         slot = p if p < cfg.sinks else cfg.sinks + (p - cfg.sinks) % cfg.window
         torch.testing.assert_close(raw[0, :, slot], k[0, p], rtol=1e-5, atol=1e-5)
+
+
+# ---- the C step (native/window_step.c) against the torch step and forward -----------------
+
+
+@pytest.fixture
+def native_step(monkeypatch, tmp_path):
+    """The C kernel built fresh into a temporary cache (skipped where no compiler is)."""
+    from agent.runtime import native
+
+    monkeypatch.setenv("LAPLACE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv("LAPLACE_NATIVE", raising=False)
+    native.reset()
+    if native.library() is None:
+        native.reset()
+        pytest.skip(native.status())
+    yield native
+    native.reset()
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_c_step_equals_the_torch_step_and_forward(kw, native_step, monkeypatch):
+    """One row through the sinks, the first window, its wrap and a second epoch: the C step
+    gives forward's logits and state, and the torch step's, token by token."""
+    model = window_model(**kw)
+    gen = torch.Generator().manual_seed(21)
+    with torch.no_grad():
+        ref, c_state, torch_state = model.new_state(1), model.new_state(1), model.new_state(1)
+        for _ in range(3 * model.config.window + model.config.sinks + 2):
+            tok = torch.randint(0, 64, (1,), generator=gen)
+            want, ref = model(tok[:, None], ref)
+            got = model.step_(tok, c_state)
+            monkeypatch.setenv("LAPLACE_NATIVE", "0")
+            native_step.reset()
+            plain = model.step_(tok, torch_state)
+            monkeypatch.delenv("LAPLACE_NATIVE")
+            native_step.reset()
+            torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+    assert c_state.allclose(ref, rtol=1e-5, atol=1e-5) and c_state.allclose(torch_state, rtol=1e-5, atol=1e-5)
+    assert native_step.status().startswith("on")
+
+
+def test_c_step_is_not_taken_with_a_probe_hooked_on_the_decays(native_step):
+    """A hook on decay_tap sees every step's decays: the torch step runs so it fires."""
+    model = window_model()
+    seen = []
+    model.blocks[0].attn.decay_tap.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        state = model.new_state(1)
+        for t in range(3):
+            model.step_(torch.tensor([t]), state)
+    assert seen == [torch.Size([1, 1, 4])] * 3
+
+
+def test_without_a_compiler_the_torch_step_runs_and_says_why(monkeypatch, tmp_path):
+    from agent.runtime import native
+
+    monkeypatch.setenv("LAPLACE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    native.reset()
+    try:
+        model = window_model()
+        with torch.no_grad():
+            _, ref = model(torch.tensor([[1, 2]]))
+            state = model.new_state(1)
+            model.step_(torch.tensor([1]), state)
+            got = model.step_(torch.tensor([2]), state)
+        assert "no C compiler" in native.status()
+        assert state.allclose(ref, rtol=1e-5, atol=1e-5) and got.shape == (1, 64)
+    finally:
+        native.reset()

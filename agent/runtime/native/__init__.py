@@ -1,0 +1,138 @@
+"""Small C kernels for batch-1 decode, built on first use with the machine's C compiler.
+
+A decode step of the default model ran ~360 torch ops per layer for the window mixer
+alone; at a few microseconds each the dispatch cost more than the layer's arithmetic (issue
+35). `decode.c` does all of a step but its matmuls in three kinds of call (`decode.py`
+runs a whole step through them; `window_decode.py` the window mixer's part alone). It is built once per source,
+compiler and CPU (`-march=native`) into a cache directory and loaded with ctypes; the
+torch step in `window_decode.py` stays the reference it is tested against, and the
+fallback wherever the kernel cannot run:
+
+- no C compiler (`cc`, or $CC), a failed build or load: the torch step, and `status()` says why;
+- LAPLACE_NATIVE=0 turns the kernels off (for a comparison, or a suspected kernel bug).
+
+The cache is $LAPLACE_NATIVE_CACHE, else $XDG_CACHE_HOME/laplace/native, else
+~/.cache/laplace/native. A build writes a temporary file and renames it into place, so
+two processes building at once each load a whole library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("decode.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+BUILD_TIMEOUT_S = 120
+
+_lib: ctypes.CDLL | None = None
+_status = "not loaded yet"
+_tried = False
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_F = ctypes.c_float
+# Each kernel's parameters, in order (see decode.c).
+WINDOW_STEP_ARGS = (
+    _P, _I, _P, _P, _P,  # qkv, io_bf16, qkv_scale, win_k, win_v
+    _P, _P, _P, _P,  # cos3, sin3, row, bias
+    ctypes.c_int64, _I, _I, _I, _I, _I,  # slot, leaves, H, G, D, N
+    _P, _P, _I, _P, _P,  # gla, xin, d_model, decay_w, decay_b
+    _P, _P, _I, _F, _P,  # q_map, k_map, F0, gate_normalizer, mix
+    _F, _I, _F, _P,  # scale, gated, eps, y
+)
+ADD_NORM_ARGS = (_P, _P, _I, _P, _I, _P, _F, _P, _P, _I)  # x, y, y_bf16, y_scale, n, w, eps, out_f, out, out_bf16
+SILU_MUL_ARGS = (_P, _I, _P, _I, _P, _I)  # gu, gu_bf16, gu_scale, n, out, out_bf16
+KERNELS = {"laplace_window_step": WINDOW_STEP_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS}
+
+
+def cache_dir() -> Path:
+    if os.environ.get("LAPLACE_NATIVE_CACHE"):
+        return Path(os.environ["LAPLACE_NATIVE_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "laplace" / "native"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: -march=native code is only good on the CPU it was built for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def library_path(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_flags()]).encode()).hexdigest()
+    return cache_dir() / f"decode-{key[:16]}.so"
+
+
+def build(cc: str, out: Path) -> None:
+    """Compiles SOURCE into `out` (atomically: a temporary file renamed into place)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(f"{cc} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built first if need be; None (and `status()` says why) where they cannot be."""
+    global _lib, _status, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("LAPLACE_NATIVE", "1").strip() in ("0", "off", "false", "no"):
+        _status = "off (LAPLACE_NATIVE=0)"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _status = "off: no C compiler (cc or $CC) on PATH; the torch step runs instead"
+        return None
+    try:
+        path = library_path(cc)
+        if not path.exists():
+            build(cc, path)
+        lib = ctypes.CDLL(str(path))
+        for name, argtypes in KERNELS.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int if name == "laplace_window_step" else None
+    except (OSError, subprocess.SubprocessError) as e:
+        _status = f"off: the kernel did not build or load ({e}); the torch step runs instead"
+        return None
+    _lib, _status = lib, f"on ({path.name})"
+    return _lib
+
+
+def status() -> str:
+    """One line: whether the C kernels run, and if not, why."""
+    library()
+    return _status
+
+
+def reset() -> None:
+    """Forget the loaded library (tests switch LAPLACE_NATIVE between runs)."""
+    global _lib, _status, _tried
+    _lib, _status, _tried = None, "not loaded yet", False

@@ -1,0 +1,130 @@
+"""The C decode step (`native/decode.py` + `decode.c`) against the torch step and forward:
+token by token, in the logits and every state tensor, for fp32 and int8 weights; and the
+cases it must hand back to the torch step (a hook, a replaced weight, two rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from agent.runtime import native
+from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
+from agent.runtime.layers import GLU, fuse_linears_
+from agent.runtime.native import decode as native_decode
+from agent.runtime.quant import quantize_int8_
+from agent.runtime.state import RecurrentState
+from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+from tests.runtime.test_window import GRID, window_model
+
+
+@pytest.fixture
+def kernels(monkeypatch, tmp_path):
+    """The kernels built fresh into a temporary cache; `kernels(False)` turns them off."""
+    monkeypatch.setenv("LAPLACE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv("LAPLACE_NATIVE", raising=False)
+    native.reset()
+    if native.library() is None:
+        native.reset()
+        pytest.skip(native.status())
+
+    def switch(on: bool) -> None:
+        monkeypatch.setenv("LAPLACE_NATIVE", "1" if on else "0")
+        native.reset()
+
+    yield switch
+    native.reset()
+
+
+def decode_model(int8: bool, **kw) -> nn.Module:
+    """A random window model in the decode layout a load gives (q/k/v and gate/up fused)."""
+    model = window_model(**kw)
+    for block in model.blocks:
+        assert fuse_linears_(block.attn, block.attn.FUSED) and fuse_linears_(block.ffn, GLU.FUSED)
+    return quantize_int8_(model) if int8 else model
+
+
+def run_both(model, kernels, n: int, *, seed: int = 5) -> tuple[list, list, RecurrentState, RecurrentState]:
+    """n tokens stepped with the kernels and without, from two empty states."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        on, off = model.new_state(1), model.new_state(1)
+        got, want = [], []
+        for _ in range(n):
+            tok = torch.randint(0, model.config.vocab_size, (1,), generator=gen)
+            kernels(True)
+            got.append(model.step_(tok, on))
+            kernels(False)
+            want.append(model.step_(tok, off))
+    return got, want, on, off
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("kw", GRID)
+def test_c_step_equals_the_torch_step(kw, int8, kernels):
+    """Through the sinks, the first window, its wrap and a second epoch. int8: the same
+    bf16 roundings in the same places, so the logits are equal bit for bit."""
+    model = decode_model(int8, **kw)
+    kernels(True)
+    with torch.no_grad():
+        assert native_decode.plan_for(model, model.new_state(1)) is not None
+    n = 3 * model.config.window + model.config.sinks + 2
+    got, want, on, off = run_both(model, kernels, n)
+    for g, w in zip(got, want):
+        if int8:
+            assert torch.equal(g, w)
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert on.allclose(off, rtol=1e-5, atol=1e-5) and on.pos.tolist() == off.pos.tolist() == [[n]]
+
+
+@pytest.mark.parametrize("kw", GRID[:2])
+def test_c_step_equals_forward(kw, kernels):
+    model = decode_model(False, **kw)
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        ref, state = model.new_state(1), model.new_state(1)
+        for _ in range(2 * model.config.window + 3):
+            tok = torch.randint(0, 64, (1,), generator=gen)
+            want, ref = model(tok[:, None], ref)
+            torch.testing.assert_close(model.step_(tok, state), want[:, 0], rtol=1e-5, atol=1e-5)
+    assert state.allclose(ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+def test_a_loaded_model_takes_the_c_step(int8, kernels, tmp_path):
+    """A decode-layout load (fused rows, the column-major head or the int8 head) qualifies."""
+    src = window_model(combine="softmax", vocab_size=264)
+    d = save_model_dir(LoadedModel(src, byte_level_tokenizer(), ChatTemplate(), name="w"), tmp_path / "w", card={"name": "w"})
+    model = load_model_dir(d, quant="int8" if int8 else None, decode_layout=True).model
+    with torch.inference_mode():
+        assert native_decode.plan_for(model, model.new_state(1)) is not None
+    got, want, on, off = run_both(model, kernels, 12)
+    torch.testing.assert_close(torch.cat(got), torch.cat(want), rtol=1e-5, atol=1e-5)
+
+
+def test_a_hook_or_a_replaced_weight_sends_the_step_back_to_torch(kernels):
+    model = decode_model(True)
+    kernels(True)
+    state = model.new_state(1)
+    with torch.no_grad():
+        assert native_decode.plan_for(model, state) is not None
+        seen = []
+        handle = model.blocks[1].ffn.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        assert native_decode.plan_for(model, state) is None
+        model.step_(torch.tensor([3]), state)
+        assert seen == [torch.Size([1, 32])]  # the torch step ran, so the hook saw the GLU
+        handle.remove()
+        assert native_decode.plan_for(model, state) is not None
+        model.blocks[0].attn.o_proj = nn.Linear(32, 32, bias=False)  # an fp32 Linear in an int8 model
+        assert native_decode.plan_for(model, state) is None
+        assert native_decode.plan_for(model, RecurrentState.stack([state, state])) is None  # two rows
+
+
+def test_with_the_kernels_off_or_gradients_on_the_torch_step_runs(kernels):
+    model = decode_model(False)
+    assert native_decode.plan_for(model, model.new_state(1)) is None  # gradients on: a trainer's step
+    kernels(False)
+    with torch.no_grad():
+        assert native_decode.plan_for(model, model.new_state(1)) is None
+    assert native.status() == "off (LAPLACE_NATIVE=0)"
