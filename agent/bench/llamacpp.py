@@ -37,6 +37,7 @@ from agent.bench.llamacpp_build import BuildError, LlamaCpp, ensure_llama_cpp, f
 from agent.bench.llamacpp_gguf import default_model_ggufs
 from agent.bench.llamacpp_measure import Measurement, MeasureError, Protocol, measure_laplace, measure_llama_cpp
 from agent.bench.llamacpp_report import MAX_LOAD, MAX_OTHERS, Pair, Subject, load_line, load_verdict, report
+from agent.runtime import native
 
 # What a run can fail with: a one-line (or a few-line) message for the CLI, never a traceback.
 BENCH_ERRORS = (BuildError, MeasureError)
@@ -208,6 +209,7 @@ def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str,
                   f"medians with the rounds in brackets; laplace {default_dtype} (the default dtype) is paired with Q4_1",
         "llama_cpp": f"llama-cpp-python {tools.version}'s vendored llama.cpp, {tools.root}",
         "load": load_line(verdict),
+        "decode_kernels": f"laplace's C decode kernels: {native.status()}",
         "ratios_valid": "yes" if verdict["valid"] else "NO",
     }
     if mamba_reason:

@@ -50,7 +50,24 @@ _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for an
 # kernel is a small register-tiled loop (4x4 tiles) made for few rows, far from a blocked
 # GEMM's rate over hundreds of rows.
 GEMM_ROWS = 16
-_GEMM_BLOCK = 1 << 22  # weights widened to fp32 at a time by that GEMM path (16 MB)
+_GEMM_BLOCK = 1 << 22  # weights widened at a time by that GEMM path (16 MB of fp32)
+
+
+def _cpu_has_bf16_dot() -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX): then the many-row path
+    widens the int8 rows to bf16 (exact: |q| <= 127) and runs a bf16 GEMM with fp32 sums, the
+    activations rounded to bf16 as the decode row's kernel rounds them. Measured on this
+    machine's Xeon (2 threads, 2048^2): bf16 568 GFLOP/s, fp32 138. Without those units a
+    bf16 GEMM is emulated and slower than fp32, so fp32 it stays."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+BF16_GEMM = _cpu_has_bf16_dot()
 
 
 def check_int8_kernels() -> None:
@@ -109,6 +126,13 @@ class Int8Linear(nn.Module):
             y = torch.mul(y, self.scale)  # bf16 x fp32: promoted, one op to an fp32 result
         elif x2.shape[0] < GEMM_ROWS:
             y = torch._weight_int8pack_mm(x2.float().contiguous(), self.weight, self.scale)
+        elif BF16_GEMM:
+            xb = x2.to(torch.bfloat16)
+            y = x2.new_empty(x2.shape[0], self.out_features, dtype=torch.float32)
+            step = max(1, _GEMM_BLOCK // self.in_features)  # rows widened at a time
+            for r in range(0, self.out_features, step):
+                # bf16 sums rounded to bf16, then scaled in fp32: the decode row's arithmetic.
+                torch.mul(xb @ self.weight[r : r + step].to(torch.bfloat16).t(), self.scale[r : r + step], out=y[:, r : r + step])
         else:
             x2 = x2.float()
             y = x2.new_empty(x2.shape[0], self.out_features)

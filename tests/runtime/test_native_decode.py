@@ -128,3 +128,16 @@ def test_with_the_kernels_off_or_gradients_on_the_torch_step_runs(kernels):
     with torch.no_grad():
         assert native_decode.plan_for(model, model.new_state(1)) is None
     assert native.status() == "off (LAPLACE_NATIVE=0)"
+
+
+def test_a_replaced_projection_is_read_by_the_next_c_step(kernels):
+    """The plan is rebuilt when a module it read is replaced: the new weights are used."""
+    model = decode_model(False)
+    got, want, _, _ = run_both(model, kernels, 3)
+    new = nn.Linear(32, 32, bias=False)
+    torch.nn.init.normal_(new.weight, std=0.5)
+    model.blocks[1].attn.o_proj = new
+    after, after_ref, on, off = run_both(model, kernels, 3)
+    for g, w, g0 in zip(after, after_ref, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(g, g0, rtol=1e-3, atol=1e-3)  # the new o_proj is really in the step

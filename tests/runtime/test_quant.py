@@ -99,15 +99,18 @@ def test_int8_stays_close_to_fp32_under_activation_outliers_where_per_token_int8
     assert rel[1] < 0.1 and rel[0] > 0.15 and rel[0] > 3 * rel[1], rel  # measured: old 0.19-0.65, new 0.03-0.07
 
 
+@pytest.mark.parametrize("bf16_gemm", [False, True], ids=["fp32-gemm", "bf16-gemm"])
 @pytest.mark.parametrize("k", [48, 40])
-def test_int8_linear_gives_the_same_numbers_for_few_rows_and_many(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int8_linear_gives_the_same_numbers_for_few_rows_and_many(k: int, bf16_gemm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Many rows run the widened-weight GEMM in blocks of rows (made small here, so a matrix
     spans several), few rows the int8 kernel: with bf16 activations where K is a multiple of
     16 (its vector loops read 16 at a time: K = 40 read past each row, and crashed from 2
-    rows on), in fp32 otherwise. All are x @ (q * scale).T, the bf16 form to bf16 rounding."""
+    rows on), in fp32 otherwise. All are x @ (q * scale).T, the bf16 forms to bf16 rounding.
+    The GEMM widens to fp32, or (a CPU with bf16 dot products) to bf16 with bf16 activations."""
     from agent.runtime import quant
 
     monkeypatch.setattr(quant, "_GEMM_BLOCK", 24 * k)  # 24 rows a block: 70 rows span 3
+    monkeypatch.setattr(quant, "BF16_GEMM", bf16_gemm)
     gen = torch.Generator().manual_seed(3)
     lin = torch.nn.Linear(k, 70)
     with torch.no_grad():
@@ -118,7 +121,12 @@ def test_int8_linear_gives_the_same_numbers_for_few_rows_and_many(k: int, monkey
     x = torch.randn(2, quant.GEMM_ROWS, k, generator=gen)
     many = q8(x)
     assert many.shape == (2, quant.GEMM_ROWS, 70)
-    torch.testing.assert_close(many, x @ w.t() + q8.bias, rtol=1e-5, atol=1e-5)
+    if bf16_gemm:  # the sums rounded to bf16 (8 bits): within 2^-8 of the bf16 inputs' product
+        want = (x.bfloat16().float() @ w.t())
+        torch.testing.assert_close(many, want + q8.bias, rtol=8e-3, atol=1e-2)
+        assert not torch.allclose(many, x @ w.t() + q8.bias, rtol=1e-5, atol=1e-5)  # it is the bf16 form
+    else:
+        torch.testing.assert_close(many, x @ w.t() + q8.bias, rtol=1e-5, atol=1e-5)
     xr = x.bfloat16().float() if k % 16 == 0 else x  # what the few-row form multiplies
     for rows in (1, 2, 3, 5):
         few = q8(x[:, :rows])

@@ -11,8 +11,8 @@ outputs bf16 and scaled per channel afterwards, as `quant.Int8Linear` does for a
 row; the C kernels read and write that form directly, so no activation is converted by a
 torch op. With fp32 weights everything is fp32.
 
-`plan_for(model)` says whether a model can take this path, and builds the plan once; it
-is checked (the same modules, no hooks) on every step, so a LoRA wrapper, a replaced
+`plan_for(model, state)` says whether a step can take this path, and builds the plan once;
+it is checked (the same modules and weights, no hooks) on every step, so a LoRA wrapper, a replaced
 weight or a probe's hook sends the step back to the torch path. Models it does not cover
 (memory slots, other mixers, a half-precision model, a GPU) take the torch path too.
 """
@@ -65,8 +65,7 @@ class Plan:
     int8: bool
     layers: list[LayerPlan]
     head: Matmul
-    key: tuple[int, ...]  # ids of every module and tensor the plan read: the model unchanged since
-    modules: list[nn.Module]
+    modules: list[nn.Module]  # every module a torch step would call: a hook on one sends the step there
 
 
 def _matmul(owner: nn.Module, names: tuple[str, ...], int8: bool) -> Matmul | None:
@@ -99,15 +98,45 @@ def _linear(mod: Any, int8: bool) -> Matmul | None:
     return None
 
 
-def _key(modules: list[nn.Module]) -> tuple[int, ...]:
-    """Identities of the modules' children, parameters and buffers: any replacement changes it."""
-    ids: list[int] = []
-    for m in modules:
-        ids.append(id(m))
-        ids.extend(map(id, m._modules.values()))
-        ids.extend(map(id, m._parameters.values()))
-        ids.extend(map(id, m._buffers.values()))
-    return tuple(ids)
+# What a step reads, by attribute: a plan holds (holder, name, value) for each, and is good while
+# every owner.name is still that value (a LoRA wrapper, a new weight or a replaced
+# norm changes one). Values are read live each step, so weights changed in place are seen.
+WATCHED = {
+    "block": ("attn", "ffn", "attn_norm", "ffn_norm"),
+    "attn": ("q_proj", "k_proj", "v_proj", "o_proj", "gla_branch", "decay_tap"),
+    "ffn": ("w1", "w2", "w3"),
+}
+
+
+def _watch(owner: Any, names: tuple[str, ...]) -> list[tuple[dict, str, Any]]:
+    """(the dict that holds owner.name, name, its value) for each name: a Module keeps
+    parameters, buffers and children in dicts of their own, read here without the slow
+    Module.__getattr__ (~1 us a read; a step checks ~900 of them)."""
+    if owner is None:
+        return []
+    out = []
+    for n in names:
+        holder = next((d for d in (owner._parameters, owner._buffers, owner._modules) if n in d), owner.__dict__) \
+            if isinstance(owner, nn.Module) else owner.__dict__
+        out.append((holder, n, holder.get(n)))
+    return out
+
+
+def _watch_model(model: nn.Module) -> list[tuple[dict, str, Any]]:
+    watched = _watch(model, ("embed", "norm", "lm_head", "blocks")) + _watch(model.blocks, tuple(model.blocks._modules))
+    for block in model.blocks:
+        attn, ffn = block.attn, block.ffn
+        watched += _watch(block, WATCHED["block"]) + _watch(attn, WATCHED["attn"]) + _watch(ffn, WATCHED["ffn"])
+        mats = [getattr(attn, n, None) for n in WATCHED["attn"][:4]] + [getattr(ffn, n, None) for n in WATCHED["ffn"]]
+        for m in [block.attn_norm, block.ffn_norm, *mats]:
+            watched += _watch(m, ("weight", "scale"))
+    for m in (model.norm, model.embed, model.lm_head):
+        watched += _watch(m, ("weight", "scale"))
+    return watched
+
+
+def _unchanged(watched: list[tuple[dict, str, Any]]) -> bool:
+    return all(d.get(n) is v for d, n, v in watched)
 
 
 def build_plan(model: nn.Module) -> Plan | None:
@@ -136,8 +165,7 @@ def build_plan(model: nn.Module) -> Plan | None:
         head = None if int8 else Matmul(model.embed.weight, None)
     if head is None:
         return None
-    modules = [model, *model.modules()]
-    return Plan(int8, layers, head, _key(modules), modules)
+    return Plan(int8, layers, head, list(model.modules()))
 
 
 def plan_for(model: nn.Module, state: Any) -> Plan | None:
@@ -150,17 +178,14 @@ def plan_for(model: nn.Module, state: Any) -> Plan | None:
     lib = native.library()
     if lib is None:
         return None
-    cached = model.__dict__.get("_native_plan")
-    if cached is not None and cached is not False:
-        if _key(cached.modules) == cached.key and not any(m._forward_hooks or m._forward_pre_hooks for m in cached.modules):
-            return cached
-        cached = None
-    if cached is None:
-        cached = build_plan(model) or False
-        model.__dict__["_native_plan"] = cached
-    if cached is False or any(m._forward_hooks or m._forward_pre_hooks for m in cached.modules):
+    entry = model.__dict__.get("_native_plan")  # (what the plan read, the plan or None: this model cannot)
+    if entry is None or not _unchanged(entry[0]):
+        entry = (_watch_model(model), build_plan(model))
+        model.__dict__["_native_plan"] = entry
+    plan = entry[1]
+    if plan is None or any(m._forward_hooks or m._forward_pre_hooks for m in plan.modules):
         return None
-    return cached
+    return plan
 
 
 def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
