@@ -109,10 +109,13 @@ class LaplaceModel(nn.Module):
 
         `lengths` [B] marks how many leading tokens of each row are real; padded positions
         leave the state exactly as it was (used for fixed-shape buckets). The input state
-        is never modified in place."""
+        is never modified in place. One unpadded row on the CPU runs through `native.decode`
+        where its kernels apply (the mixer token by token: the step's numbers)."""
         B, T = input_ids.shape
         if state is None:
             state = self.new_state(B)
+        if B == 1 and lengths is None and (plan := native_decode.plan_for(self, state)) is not None:
+            return native_decode.forward(plan, self, input_ids, state, last_only=last_only, head=head)
         x = self.embed(input_ids)
         pos = state.positions
         layers = state.layer_tensors

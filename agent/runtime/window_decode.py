@@ -235,32 +235,33 @@ def _native_step(lib: Any, attn: Any, x: Tensor, state: dict[str, Tensor], t: in
     c = attn.config
     qkv = torch.cat([f32(a) for a in project(attn, attn.FUSED, x)], -1)
     y = torch.empty(1, c.n_heads * c.head_v_dim)
-    args, keep = window_args(attn, state, t, tabs, qkv.data_ptr(), 0, None, f32(x).contiguous())
-    if lib.laplace_window_step(*args, y.data_ptr()) != 0:
-        raise ValueError(f"the window step kernel refused the shapes H={c.n_heads} G={c.kv_heads} D={c.head_k_dim}")
-    del keep
+    run_window(lib, attn, state, t, tabs, qkv, 0, None, f32(x).contiguous(), y)
     return attn.o_proj(y.to(x.dtype))
 
 
-def window_args(attn: Any, state: dict[str, Tensor], t: int, tabs: StepTables, qkv: int, io_bf16: int,
-                qkv_scale: int | None, xin: Tensor) -> tuple[list[Any], list[Tensor]]:
-    """`native/decode.c`'s laplace_window_step arguments but the output, for position t
-    (qkv, qkv_scale: addresses; xin: the mixer's fp32 input, which the branch's decay reads),
-    and the tensors they point into that the caller must keep alive until the call."""
+def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: StepTables, qkv: Tensor, io_bf16: int,
+               qkv_scale: Tensor | None, xin: Tensor, y: Tensor) -> None:
+    """`native/decode.c`'s laplace_window over the rows of qkv [T, (H + 2G) D] (fp32, or bf16
+    times qkv_scale), the first at position t0: y [T, H D] written, and the layer's state
+    (`state`: its ring, and branch) advanced by T tokens in place. xin [T, d_model] is the
+    mixer's fp32 input, which the branch's decay reads. Rows must be contiguous."""
     c, br = attn.config, attn.gla_branch
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
-    ci = canonical(t, S, W)
-    row_bytes = 3 * D * 4
-    args = [qkv, io_bf16, qkv_scale, state["win_k"].data_ptr(), state["win_v"].data_ptr(),
-            tabs.cos3.data_ptr() + ci * row_bytes, tabs.sin3.data_ptr() + ci * row_bytes,
-            tabs.row.data_ptr() + ci * (S + W) * 8, tabs.bias.data_ptr() + ci * (S + W) * 4,
-            t if t < S else S + (t - S) % W, int(ci >= S + W), H, G, D, S + W]
+    T = qkv.shape[0]
+    assert qkv.stride(-1) == 1 and y.stride(-1) == 1 and xin.stride(-1) == 1 and y.shape[0] == xin.shape[0] == T
+    args = [qkv.data_ptr(), io_bf16, _ptr(qkv_scale), qkv.stride(0), state["win_k"].data_ptr(), state["win_v"].data_ptr(),
+            tabs.cos3.data_ptr(), tabs.sin3.data_ptr(), tabs.row.data_ptr(), tabs.bias.data_ptr(), t0, T, H, G, D, S, W]
+    keep: list[Tensor] = []
     if br is None:
-        return args + [None, None, 0, None, None, None, None, 0, 1.0, None, 1.0, 0, GATED_EPS], []
-    maps = [None, None] if c.feature_map == "elu" else [f32(br.q_map).contiguous(), f32(br.k_map).contiguous()]
-    params = [f32(br.decay_weight).contiguous(), f32(br.decay_bias).contiguous(), f32(br.mix).contiguous()]
-    f0 = 0 if maps[0] is None else maps[0].shape[-1]
-    args += [state["gla"].data_ptr(), xin.data_ptr(), c.d_model, params[0].data_ptr(), params[1].data_ptr(),
-             _ptr(maps[0]), _ptr(maps[1]), f0, float(c.gate_normalizer), params[2].data_ptr(),
-             c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
-    return args, [xin, *params, *(m for m in maps if m is not None)]
+        args += [None, xin.data_ptr(), xin.stride(0), c.d_model, None, None, None, None, 0, 1.0, None, 1.0, 0, GATED_EPS]
+    else:
+        maps = [None, None] if c.feature_map == "elu" else [f32(br.q_map).contiguous(), f32(br.k_map).contiguous()]
+        params = [f32(br.decay_weight).contiguous(), f32(br.decay_bias).contiguous(), f32(br.mix).contiguous()]
+        keep = [*params, *(m for m in maps if m is not None)]  # alive until the call returns
+        args += [state["gla"].data_ptr(), xin.data_ptr(), xin.stride(0), c.d_model, params[0].data_ptr(), params[1].data_ptr(),
+                 _ptr(maps[0]), _ptr(maps[1]), 0 if maps[0] is None else maps[0].shape[-1], float(c.gate_normalizer),
+                 params[2].data_ptr(), c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
+    # A prefill's rows split their heads over 2 threads (decode.c), when torch may use 2.
+    if lib.laplace_window(*args, y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())) != 0:
+        raise ValueError(f"the window kernel refused the shapes H={H} G={G} D={D} S={S} W={W}")
+    del keep

@@ -63,7 +63,8 @@ def run_both(model, kernels, n: int, *, seed: int = 5) -> tuple[list, list, Recu
 @pytest.mark.parametrize("kw", GRID)
 def test_c_step_equals_the_torch_step(kw, int8, kernels):
     """Through the sinks, the first window, its wrap and a second epoch. int8: the same
-    bf16 roundings in the same places, so the logits are equal bit for bit."""
+    bf16 roundings in the same places (the kernels' exp is within 2 ulp of torch's, so a
+    rounding can differ), so the logits agree closely."""
     model = decode_model(int8, **kw)
     kernels(True)
     with torch.no_grad():
@@ -71,24 +72,51 @@ def test_c_step_equals_the_torch_step(kw, int8, kernels):
     n = 3 * model.config.window + model.config.sinks + 2
     got, want, on, off = run_both(model, kernels, n)
     for g, w in zip(got, want):
-        if int8:
-            assert torch.equal(g, w)
-        else:
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, w, rtol=1e-4 if int8 else 1e-5, atol=1e-4 if int8 else 1e-5)
     assert on.allclose(off, rtol=1e-5, atol=1e-5) and on.pos.tolist() == off.pos.tolist() == [[n]]
 
 
 @pytest.mark.parametrize("kw", GRID[:2])
-def test_c_step_equals_forward(kw, kernels):
+def test_c_step_equals_the_torch_forward(kw, kernels):
     model = decode_model(False, **kw)
     gen = torch.Generator().manual_seed(6)
     with torch.no_grad():
         ref, state = model.new_state(1), model.new_state(1)
         for _ in range(2 * model.config.window + 3):
             tok = torch.randint(0, 64, (1,), generator=gen)
+            kernels(False)
             want, ref = model(tok[:, None], ref)
+            kernels(True)
             torch.testing.assert_close(model.step_(tok, state), want[:, 0], rtol=1e-5, atol=1e-5)
     assert state.allclose(ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("kw", GRID)
+def test_c_prefill_equals_the_torch_forward(kw, int8, kernels):
+    """A prefill in pieces of 5, 1, 17 and 9 tokens (across the sinks, the window's wrap and
+    a second epoch), every logit and the state, against the torch forward's blocks; the
+    state handed in is left as it was."""
+    model = decode_model(int8, **kw)
+    ids = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(7))
+    tol = dict(rtol=1e-4, atol=1e-4) if int8 else dict(rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        on, off = model.new_state(1), model.new_state(1)
+        start = 0
+        for n in (5, 1, 17, 9):
+            piece = ids[:, start : start + n]
+            start += n
+            kernels(False)
+            want, off = model(piece, off)
+            kernels(True)
+            before = on.clone()
+            got, new = model(piece, on)
+            assert on.allclose(before, rtol=0, atol=0)  # not modified in place
+            on = new
+            torch.testing.assert_close(got, want, **tol)
+            last, _ = model(piece, before, last_only=True)
+            torch.testing.assert_close(last, got[:, -1:], rtol=1e-6, atol=1e-6)
+    assert on.allclose(off, **tol) and on.pos.tolist() == off.pos.tolist() == [[32]]
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])

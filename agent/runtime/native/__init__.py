@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu11", "-pthread")
 BUILD_TIMEOUT_S = 120
 
 _lib: ctypes.CDLL | None = None
@@ -38,17 +38,18 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
 # Each kernel's parameters, in order (see decode.c).
-WINDOW_STEP_ARGS = (
-    _P, _I, _P, _P, _P,  # qkv, io_bf16, qkv_scale, win_k, win_v
-    _P, _P, _P, _P,  # cos3, sin3, row, bias
-    ctypes.c_int64, _I, _I, _I, _I, _I,  # slot, leaves, H, G, D, N
-    _P, _P, _I, _P, _P,  # gla, xin, d_model, decay_w, decay_b
+_L = ctypes.c_int64
+WINDOW_ARGS = (
+    _P, _I, _P, _L, _P, _P,  # qkv, io_bf16, qkv_scale, qkv_stride, win_k, win_v
+    _P, _P, _P, _P,  # cos3, sin3, row, bias (whole tables)
+    _L, _I, _I, _I, _I, _I, _I,  # t0, T, H, G, D, S, W
+    _P, _P, _L, _I, _P, _P,  # gla, xin, xin_stride, d_model, decay_w, decay_b
     _P, _P, _I, _F, _P,  # q_map, k_map, F0, gate_normalizer, mix
-    _F, _I, _F, _P,  # scale, gated, eps, y
+    _F, _I, _F, _P, _L, _I,  # scale, gated, eps, y, y_stride, threads
 )
 ADD_NORM_ARGS = (_P, _P, _I, _P, _I, _P, _F, _P, _P, _I)  # x, y, y_bf16, y_scale, n, w, eps, out_f, out, out_bf16
 SILU_MUL_ARGS = (_P, _I, _P, _I, _P, _I)  # gu, gu_bf16, gu_scale, n, out, out_bf16
-KERNELS = {"laplace_window_step": WINDOW_STEP_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS}
+KERNELS = {"laplace_window": WINDOW_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS}
 
 
 def cache_dir() -> Path:
@@ -118,7 +119,7 @@ def library() -> ctypes.CDLL | None:
         for name, argtypes in KERNELS.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = ctypes.c_int if name == "laplace_window_step" else None
+            fn.restype = ctypes.c_int if name == "laplace_window" else None
     except (OSError, subprocess.SubprocessError) as e:
         _status = f"off: the kernel did not build or load ({e}); the torch step runs instead"
         return None

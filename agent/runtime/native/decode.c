@@ -25,8 +25,21 @@
  * No fast-math: the sums are IEEE fp32; `omp simd` lets the dot products vectorize.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+/* Subnormal floats (below 1.2e-38: a far-off slot's softmax weight, a long-decayed branch
+ * state) cost ~100x a normal one on x86. The window kernel flushes them to zero while it
+ * runs and restores the caller's mode after: a difference below 1e-38 in any sum. */
+#define FTZ_ON(saved) do { saved = _mm_getcsr(); _mm_setcsr(saved | 0x8040); } while (0)
+#define FTZ_OFF(saved) _mm_setcsr(saved)
+#else
+#define FTZ_ON(saved) (void)(saved = 0)
+#define FTZ_OFF(saved) (void)(saved)
+#endif
 
 static inline float from_bf16(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -54,6 +67,30 @@ static inline void store(void *out, int bf16, int64_t i, float v) {
     else ((float *)out)[i] = v;
 }
 
+/* exp(x), branch-free so that loops of it vectorize (libm's expf is a call per element, and a
+ * step makes ~5,000 of them per layer): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
+ * degree-7 polynomial, 2^n made in the exponent bits. Within 2 ulp of expf for x >= -87;
+ * below that (and -inf, a masked score) exactly 0. */
+static inline float vexp(float x) {
+    x = x < -88.0f ? -88.0f : x;  /* not fminf/fmaxf: those are calls (NaN rules) and stop vectorizing */
+    x = x > 88.0f ? 88.0f : x;
+    float n = rintf(x * 1.44269504088896341f);  /* rintf inlines as one rounding instruction; floorf is a call */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = (int32_t)n + 127;
+    uint32_t bits = (uint32_t)(e > 0 ? e : 0) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return p * two_n;
+}
+
 /* x += y (y NULL: nothing to add), then out = x / rms(x) * w, written fp32 (out_f) and/or in
  * the next matmul's form (out, bf16 with out_bf16). F.rms_norm's arithmetic in fp32. */
 void laplace_add_norm(float *x, const void *y, int y_bf16, const float *y_scale, int n, const float *w,
@@ -73,10 +110,89 @@ void laplace_add_norm(float *x, const void *y, int y_bf16, const float *y_scale,
 
 /* The GLU's middle: out = silu(gate) * up, gate and up the two halves of one row gu [2n]. */
 void laplace_silu_mul(const void *gu, int gu_bf16, const float *gu_scale, int n, void *out, int out_bf16) {
+#pragma omp simd
     for (int i = 0; i < n; i++) {
         float g = load(gu, gu_bf16, gu_scale, i), u = load(gu, gu_bf16, gu_scale, (int64_t)n + i);
-        store(out, out_bf16, i, g / (1.0f + expf(-g)) * u);
+        store(out, out_bf16, i, g / (1.0f + vexp(-g)) * u);
     }
+}
+
+typedef float v8f __attribute__((vector_size(32)));  /* GCC's portable vectors: 8 floats */
+
+/* out[:D] = sum_r w[r] * M[r, :D] over R rows of M (row stride ld), rows of weight 0 skipped.
+ * With D a multiple of 8 up to 128 the sums live in registers for the whole pass (a loop
+ * over out[] read and wrote memory per row: the step's hottest loop). */
+static inline __attribute__((always_inline)) void weighted_rows(float *out, const float *w, const float *M, int R, int D,
+                                                                 int64_t ld) {
+    if (D % 8 == 0 && D <= 128) {
+        v8f acc[16] = {0};
+        for (int r = 0; r < R; r++) {
+            float wr = w[r];
+            const float *row = M + r * ld;
+            for (int j = 0; j < D / 8; j++) {
+                v8f x;
+                memcpy(&x, row + 8 * j, sizeof x);
+                acc[j] += wr * x;
+            }
+        }
+        for (int j = 0; j < D / 8; j++) memcpy(out + 8 * j, &acc[j], sizeof acc[j]);
+        return;
+    }
+    for (int i = 0; i < D; i++) out[i] = 0.0f;
+    for (int r = 0; r < R; r++) {
+        if (w[r] == 0.0f) continue;
+        for (int i = 0; i < D; i++) out[i] += w[r] * M[r * ld + i];
+    }
+}
+
+typedef int v8i __attribute__((vector_size(32)));
+
+/* The 8 lane-sums of a[0..7] as one vector: a transposing tree of shuffles and adds, instead
+ * of 8 horizontal sums (each a chain of dependent adds: the scores' costliest part). */
+static inline __attribute__((always_inline)) v8f sum8(const v8f *a) {
+    const v8i even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8i lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8f b[4], c[2];
+    for (int i = 0; i < 4; i++) b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) + __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+    for (int i = 0; i < 2; i++) c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], lo2) + __builtin_shuffle(b[2 * i], b[2 * i + 1], hi2);
+    return __builtin_shuffle(c[0], c[1], lo4) + __builtin_shuffle(c[0], c[1], hi4);
+}
+
+/* P[r, s] = qr[r, row[s]] . K[s] + bias[s] for a group's R heads (qr [R, 3, D], K [N, D]),
+ * 8 slots at a time. */
+static inline __attribute__((always_inline)) void group_scores(float *P, const float *qr, const float *K,
+                                                                const int64_t *row, const float *bias, int R, int N, int D) {
+    int s0 = 0;
+    if (D % 8 == 0 && D <= 128) {
+        for (; s0 + 8 <= N; s0 += 8) {
+            for (int r = 0; r < R; r++) {
+                v8f acc[8];
+                for (int i = 0; i < 8; i++) {
+                    const float *qq = qr + ((int64_t)r * 3 + row[s0 + i]) * D, *ks = K + (int64_t)(s0 + i) * D;
+                    v8f sum = {0};
+                    for (int j = 0; j < D / 8; j++) {
+                        v8f x, y;
+                        memcpy(&x, qq + 8 * j, sizeof x);
+                        memcpy(&y, ks + 8 * j, sizeof y);
+                        sum += x * y;
+                    }
+                    acc[i] = sum;
+                }
+                v8f out = sum8(acc), bs;
+                memcpy(&bs, bias + s0, sizeof bs);
+                out += bs;
+                memcpy(P + (int64_t)r * N + s0, &out, sizeof out);
+            }
+        }
+    }
+    for (int s = s0; s < N; s++)
+        for (int r = 0; r < R; r++) {
+            const float *qq = qr + ((int64_t)r * 3 + row[s]) * D, *ks = K + (int64_t)s * D;
+            float acc = 0.0f;
+            for (int i = 0; i < D; i++) acc += qq[i] * ks[i];
+            P[(int64_t)r * N + s] = acc + bias[s];
+        }
 }
 
 static float dot(const float *a, const float *b, int n) {
@@ -101,33 +217,121 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
         return;
     }
     float z[F0];
-    const float *m = map + (int64_t)h * D * F0;
-    for (int f = 0; f < F0; f++) z[f] = 0.0f;
-    for (int d = 0; d < D; d++) {
-        float xd = x[d];
-#pragma omp simd
-        for (int f = 0; f < F0; f++) z[f] += xd * m[d * F0 + f];
-    }
+    weighted_rows(z, x, map + (int64_t)h * D * F0, D, F0, F0);  /* z = x @ M_h */
     float hi = -INFINITY, lo = INFINITY;
-    for (int f = 0; f < F0; f++) { hi = fmaxf(hi, z[f]); lo = fminf(lo, z[f]); }
-    float sp = 0.0f, sn = 0.0f;
+#pragma omp simd reduction(max : hi) reduction(min : lo)
     for (int f = 0; f < F0; f++) {
-        out[f] = expf(z[f] - hi);
-        out[F0 + f] = expf(lo - z[f]);
+        hi = z[f] > hi ? z[f] : hi;
+        lo = z[f] < lo ? z[f] : lo;
+    }
+    float sp = 0.0f, sn = 0.0f;
+#pragma omp simd reduction(+ : sp, sn)
+    for (int f = 0; f < F0; f++) {
+        out[f] = vexp(z[f] - hi);
+        out[F0 + f] = vexp(lo - z[f]);
         sp += out[f];
         sn += out[F0 + f];
     }
     for (int f = 0; f < F0; f++) { out[f] /= sp; out[F0 + f] /= sn; }
 }
 
-int laplace_window_step(
-    const void *qkv, int io_bf16, const float *qkv_scale, float *win_k, float *win_v,
+#define TOKEN_PARAMS                                                                                  \
+    const void *qkv, int io_bf16, const float *qkv_scale, float *const *rk, float *const *rv, int h0, int h1, \
+    const float *cos3,                                                                                      \
+    const float *sin3, const int64_t *row, const float *bias, int64_t slot, int leaves, int H, int G, int D, \
+    int N, float *gla, const float *xin, int d_model, const float *decay_w, const float *decay_b,          \
+    const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix, float scale,   \
+    int gated, float eps, void *y
+#define TOKEN_ARGS(D)                                                                                     \
+    qkv, io_bf16, qkv_scale, rk, rv, h0, h1, cos3, sin3, row, bias, slot, leaves, H, G, D, N, gla, xin,     \
+    d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y
+
+/* The window mixer for T consecutive tokens from position t0 (T = 1: a decode step; more: a
+ * batch-1 prefill, token after token, so its numbers are the step's). Row t of qkv, xin and y
+ * is at t * its stride (in elements). The step tables (`window_decode.StepTables`) come
+ * whole: cos3, sin3 [S + 2W, 3, D], row [S + 2W, N] int64, bias [S + 2W, N]. */
+static int window_token_d64(TOKEN_PARAMS);
+static int window_token_any(TOKEN_PARAMS);
+
+/* A run of tokens over the heads [h0, h1), with the rings of the groups they read: rk[g],
+ * rv[g] [N, D] (the state's, or a thread's private copy of a group another thread owns). */
+struct run {
+    const void *qkv; int io_bf16; const float *qkv_scale; int64_t qkv_stride; float *rk[64], *rv[64]; int h0, h1;
+    const float *cos3, *sin3; const int64_t *row; const float *bias; int64_t t0; int T, H, G, D, S, W;
+    float *gla; const float *xin; int64_t xin_stride; int d_model; const float *decay_w, *decay_b, *q_map, *k_map;
+    int F0; float gate_normalizer; const float *mix; float scale; int gated; float eps; void *y; int64_t y_stride;
+    int rc;
+};
+
+static void *run_tokens(void *arg) {
+    struct run *j = arg;
+    const int N = j->S + j->W, S = j->S, W = j->W, D = j->D, esize = j->io_bf16 ? 2 : 4;
+    unsigned int mode;
+    FTZ_ON(mode);
+    for (int i = 0; i < j->T && !j->rc; i++) {
+        int64_t t = j->t0 + i;
+        int64_t c = t < N ? t : N + (t - S) % W;  /* the table row: past S + W a step at t is one at t - W */
+        int64_t slot = t < S ? t : S + (t - S) % W;
+        j->rc = (D == 64 ? window_token_d64 : window_token_any)(
+            (const char *)j->qkv + i * j->qkv_stride * esize, j->io_bf16, j->qkv_scale, j->rk, j->rv, j->h0, j->h1,
+            j->cos3 + c * 3 * D, j->sin3 + c * 3 * D, j->row + c * N, j->bias + c * N, slot, c >= N, j->H, j->G, D, N,
+            j->gla, j->xin + i * j->xin_stride, j->d_model, j->decay_w, j->decay_b, j->q_map, j->k_map, j->F0,
+            j->gate_normalizer, j->mix, j->scale, j->gated, j->eps, (char *)j->y + i * j->y_stride * esize);
+    }
+    FTZ_OFF(mode);
+    return NULL;
+}
+
+/* With threads = 2 and more than one token (a prefill) the heads are split in two halves,
+ * each run through all T tokens by its own thread: heads (and their branch states) are
+ * independent, and so are the groups' rings, but for a group split between the halves; the
+ * second thread reads a private copy of that one, written with the same keys (its writes to
+ * the state's ring would race the first thread's reads). */
+int laplace_window(
+    const void *qkv, int io_bf16, const float *qkv_scale, int64_t qkv_stride, float *win_k, float *win_v,
     const float *cos3, const float *sin3, const int64_t *row, const float *bias,
-    int64_t slot, int leaves, int H, int G, int D, int N,
-    float *gla, const float *xin, int d_model, const float *decay_w, const float *decay_b,
+    int64_t t0, int T, int H, int G, int D, int S, int W,
+    float *gla, const float *xin, int64_t xin_stride, int d_model, const float *decay_w, const float *decay_b,
     const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix,
-    float scale, int gated, float eps, void *y) {
-    if (H % G || D % 2 || N <= 0) return 1;
+    float scale, int gated, float eps, void *y, int64_t y_stride, int threads) {
+    if (H <= 0 || G <= 0 || G > 64 || H % G || D % 2 || S < 0 || W <= 0 || T < 0) return 1;
+    const int N = S + W, R = H / G;
+    struct run job = {qkv, io_bf16, qkv_scale, qkv_stride, {0}, {0}, 0, H, cos3, sin3, row, bias, t0, T, H, G, D, S, W,
+                      gla, xin, xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale,
+                      gated, eps, y, y_stride, 0};
+    for (int g = 0; g < G; g++) {
+        job.rk[g] = win_k + (int64_t)g * N * D;
+        job.rv[g] = win_v + (int64_t)g * N * D;
+    }
+    if (threads < 2 || T < 2 || H < 2) {
+        run_tokens(&job);
+        return job.rc;
+    }
+    struct run second = job;
+    int split = (H + 1) / 2, shared = split % R ? split / R : -1;
+    job.h1 = second.h0 = split;
+    float *copy = NULL;
+    if (shared >= 0) {
+        copy = malloc(sizeof(float) * 2 * N * D);
+        if (!copy) return 2;
+        memcpy(copy, job.rk[shared], sizeof(float) * N * D);
+        memcpy(copy + N * D, job.rv[shared], sizeof(float) * N * D);
+        second.rk[shared] = copy;
+        second.rv[shared] = copy + N * D;
+    }
+    pthread_t tid;
+    int started = pthread_create(&tid, NULL, run_tokens, &second) == 0;
+    run_tokens(&job);
+    if (started) pthread_join(tid, NULL);
+    else run_tokens(&second);
+    free(copy);
+    return job.rc ? job.rc : second.rc;
+}
+
+/* One token (the body of laplace_window), inlined twice: with D = 64 (the default model's
+ * head size) a compile-time constant, so the dot products unroll and the 64 accumulators of
+ * a head's output stay in registers (2.5x faster here), and with any D. */
+static inline __attribute__((always_inline)) int window_token(TOKEN_PARAMS) {
     const int R = H / G, F = q_map ? 2 * F0 : D, DV = D + 1;
     float q[H * D], k[G * D], v[G * D];
     for (int i = 0; i < H * D; i++) q[i] = load(qkv, io_bf16, qkv_scale, i);
@@ -137,40 +341,39 @@ int laplace_window_step(
     }
     const float *cos_k = cos3 + D, *sin_k = sin3 + D;  /* a key is stored at its slot's angle (row 1) */
     float ev_k[G][D], ev_v[G][D];
+    const int g_lo = h0 / R, g_hi = (h1 - 1) / R;  /* the groups these heads read */
     if (gla) { /* the key and value leaving the window: the slot's old content, read before the write */
-        for (int g = 0; g < G; g++) {
-            float *old = win_k + ((int64_t)g * N + slot) * D;
-            rotate(ev_k[g], old, cos_k, sin_k, D, -1.0f);
-            memcpy(ev_v[g], win_v + ((int64_t)g * N + slot) * D, sizeof(float) * D);
+        for (int g = g_lo; g <= g_hi; g++) {
+            rotate(ev_k[g], rk[g] + slot * D, cos_k, sin_k, D, -1.0f);
+            memcpy(ev_v[g], rv[g] + slot * D, sizeof(float) * D);
         }
     }
-    for (int g = 0; g < G; g++) {
-        rotate(win_k + ((int64_t)g * N + slot) * D, k + g * D, cos_k, sin_k, D, 1.0f);
-        memcpy(win_v + ((int64_t)g * N + slot) * D, v + g * D, sizeof(float) * D);
+    for (int g = g_lo; g <= g_hi; g++) {
+        rotate(rk[g] + slot * D, k + g * D, cos_k, sin_k, D, 1.0f);
+        memcpy(rv[g] + slot * D, v + g * D, sizeof(float) * D);
     }
-    /* Each query head at the three angles, scored against every slot with its row's angle. */
+    /* Each query head at the three angles, scored against every slot with its row's angle:
+     * a group's R heads together, so each key is read once. */
     const float qscale = 1.0f / sqrtf((float)D);
-    float qs[D], qr[3][D], p[N], num[D];
-    for (int h = 0; h < H; h++) {
-        int g = h / R;
-        for (int i = 0; i < D; i++) qs[i] = q[h * D + i] * qscale;
-        for (int a = 0; a < 3; a++) rotate(qr[a], qs, cos3 + a * D, sin3 + a * D, D, 1.0f);
-        const float *kg = win_k + (int64_t)g * N * D, *vg = win_v + (int64_t)g * N * D;
-        float m = -INFINITY;
-        for (int s = 0; s < N; s++) {
-            p[s] = dot(qr[row[s]], kg + (int64_t)s * D, D) + bias[s];
-            m = fmaxf(m, p[s]);
+    float qs[D], qr[R][3][D], P[R][N], num[D];
+    for (int h = h0; h < h1; h++) {
+        int g = h / R, r = h % R;
+        const float *kg = rk[g], *vg = rv[g];
+        if (r == 0 || h == h0) { /* the group's heads in [h0, h1), scored together */
+            int ra = r, rb = h1 - g * R < R ? h1 - g * R : R;
+            for (int rr = ra; rr < rb; rr++) {
+                for (int i = 0; i < D; i++) qs[i] = q[(g * R + rr) * D + i] * qscale;
+                for (int a = 0; a < 3; a++) rotate(qr[rr][a], qs, cos3 + a * D, sin3 + a * D, D, 1.0f);
+            }
+            group_scores(&P[ra][0], &qr[ra][0][0], kg, row, bias, rb - ra, N, D);
         }
+        float *p = P[r], m = -INFINITY;
+#pragma omp simd reduction(max : m)
+        for (int s = 0; s < N; s++) m = p[s] > m ? p[s] : m;
         float den = 0.0f;
-        for (int s = 0; s < N; s++) { p[s] = expf(p[s] - m); den += p[s]; }
-        memset(num, 0, sizeof num);
-        for (int s = 0; s < N; s++) {
-            float ps = p[s];
-            if (ps == 0.0f) continue;
-            const float *vs = vg + (int64_t)s * D;
-#pragma omp simd
-            for (int i = 0; i < D; i++) num[i] += ps * vs[i];
-        }
+#pragma omp simd reduction(+ : den)
+        for (int s = 0; s < N; s++) { p[s] = vexp(p[s] - m); den += p[s]; }
+        weighted_rows(num, p, vg, N, D, D);
         const int64_t yh = (int64_t)h * D;
         if (!gla) {
             for (int i = 0; i < D; i++) store(y, io_bf16, yh + i, num[i] / den);
@@ -183,15 +386,15 @@ int laplace_window_step(
         else memset(phi_k, 0, sizeof phi_k);
         float decay = expf(logsigmoid(dot(decay_w + (int64_t)h * d_model, xin, d_model) + decay_b[h]) / gate_normalizer);
         float *st = gla + (int64_t)h * F * DV;
-        memset(o, 0, sizeof o);
+        o[D] = 0.0f;
         for (int f = 0; f < F; f++) {
-            float *sf = st + (int64_t)f * DV, pk = phi_k[f], pq = phi_q[f];
+            float *sf = st + (int64_t)f * DV, pk = phi_k[f];
 #pragma omp simd
             for (int i = 0; i < D; i++) sf[i] = sf[i] * decay + pk * ev_v[g][i];
             sf[D] = sf[D] * decay + pk;
-#pragma omp simd
-            for (int i = 0; i < DV; i++) o[i] += pq * sf[i];
+            o[D] += phi_q[f] * sf[D];
         }
+        weighted_rows(o, phi_q, st, F, D, DV);  /* o[:D] = phi_q @ S[:, :D] */
         if (gated) {
             float gden = o[D] * scale + eps;
             for (int i = 0; i < D; i++) store(y, io_bf16, yh + i, num[i] / den + mix[h] * (o[i] * scale / gden));
@@ -202,3 +405,10 @@ int laplace_window_step(
     }
     return 0;
 }
+
+static int window_token_d64(TOKEN_PARAMS) {
+    (void)D;
+    return window_token(TOKEN_ARGS(64));
+}
+
+static int window_token_any(TOKEN_PARAMS) { return window_token(TOKEN_ARGS(D)); }

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from agent.runtime import native
 from agent.runtime.layers import GLU, RMSNorm
 from agent.runtime.quant import Int8Embedding, Int8Linear, _ones_bf16
-from agent.runtime.window_decode import step_tables, window_args
+from agent.runtime.window_decode import run_window, step_tables
 
 
 @dataclass
@@ -39,11 +39,17 @@ class Matmul:
     weight: Tensor
     scale: Tensor | None  # int8 only
     ones: Tensor | None = None  # int8: the kernel's unit scales (the real ones are applied by the next C call)
+    module: Int8Linear | None = None  # int8: its Linear, whose forward a prefill's many rows take
 
     def __call__(self, x: Tensor) -> Tensor:
+        """One decode row: bf16 in and out for int8 (scaled by the next C call), else fp32."""
         if self.scale is not None:
             return torch._weight_int8pack_mm(x, self.weight, self.ones)
         return F.linear(x, self.weight)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """Any number of fp32 rows, fp32 out: `Int8Linear.forward`, or the fp32 matmul."""
+        return self.module(x) if self.module is not None else F.linear(x, self.weight)
 
     def scale_ptr(self) -> int | None:
         return None if self.scale is None else self.scale.data_ptr()
@@ -89,7 +95,7 @@ def _linear(mod: Any, int8: bool) -> Matmul | None:
         w = mod.weight
         # _weight_int8pack_mm's vector loops (the Int8Linear decode row's path) need K % 16 == 0 and aligned rows.
         if w.is_contiguous() and w.shape[1] % 16 == 0 and w.data_ptr() % 16 == 0:
-            return Matmul(w, mod.scale.contiguous(), _ones_bf16(w.shape[0]))
+            return Matmul(w, mod.scale.contiguous(), _ones_bf16(w.shape[0]), mod)
         return None
     if not int8 and isinstance(mod, Tensor):  # a fused fp32 group is its matrix
         return Matmul(mod, None) if mod.dtype == torch.float32 else None
@@ -201,26 +207,50 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
     y, a = torch.empty(1, c.n_heads * c.head_v_dim, dtype=act), torch.empty(1, f, dtype=act)
     t = int(state.positions)
     tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, x.device)
-    xp, hp, hmp, yp, ap = x.data_ptr(), h.data_ptr(), h_mm.data_ptr(), y.data_ptr(), a.data_ptr()
+    xp, hp, hmp, ap = x.data_ptr(), h.data_ptr(), h_mm.data_ptr(), a.data_ptr()
     prev: Tensor | None = None
     prev_scale = None
     for lp, layer in zip(plan.layers, state.layer_views()):
         lib.laplace_add_norm(xp, None if prev is None else prev.data_ptr(), bf, prev_scale, d,
                              lp.attn_norm.weight.data_ptr(), lp.attn_norm.eps, hp, hmp, bf)
         qkv = lp.qkv(h_mm)
-        args, keep = window_args(lp.attn, layer, t, tabs, qkv.data_ptr(), bf, lp.qkv.scale_ptr(), h)
-        if lib.laplace_window_step(*args, yp) != 0:
-            raise ValueError("the window step kernel refused the model's shapes")
+        run_window(lib, lp.attn, layer, t, tabs, qkv, bf, lp.qkv.scale, h, y)
         o = lp.o(y)
         lib.laplace_add_norm(xp, o.data_ptr(), bf, lp.o.scale_ptr(), d, lp.ffn_norm.weight.data_ptr(), lp.ffn_norm.eps,
                              None, hmp, bf)
         gu = lp.gate_up(h_mm)
         lib.laplace_silu_mul(gu.data_ptr(), bf, lp.gate_up.scale_ptr(), f, ap, bf)
         prev, prev_scale = lp.down(a), lp.down.scale_ptr()
-        del keep
     lib.laplace_add_norm(xp, prev.data_ptr(), bf, prev_scale, d, model.norm.weight.data_ptr(), model.norm.eps, hp, hmp, bf)
     logits = plan.head(h_mm)
     if plan.int8:
         logits = torch.mul(logits, plan.head.scale)
     state.advance_(1)
     return logits
+
+
+def forward(plan: Plan, model: nn.Module, input_ids: Tensor, state: Any, *, last_only: bool, head: bool) -> tuple[Tensor, Any]:
+    """`LaplaceModel.forward` for one row without padding: the matmuls over all T rows at once
+    (torch), the window mixer token after token in one C call per layer (the step's numbers,
+    so a prefill and the decode that follows it agree). The input state is not modified: the
+    new state is a copy advanced in place."""
+    lib = native.library()
+    c = model.config
+    T = input_ids.shape[1]
+    state = state.clone()
+    t0 = int(state.positions)
+    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, input_ids.device)
+    x = model.embed(input_ids[0]).float()
+    y = torch.empty(T, c.n_heads * c.head_v_dim)
+    for lp, layer in zip(plan.layers, state.layer_views()):
+        h = lp.attn_norm(x).contiguous()
+        qkv = lp.qkv.rows(h).contiguous()
+        run_window(lib, lp.attn, layer, t0, tabs, qkv, 0, None, h, y)
+        x = x + lp.o.rows(y)
+        gate, up = lp.gate_up.rows(lp.ffn_norm(x)).split(c.ffn_dim, -1)
+        x = x + lp.down.rows(F.silu(gate) * up)
+    if last_only:
+        x = x[-1:]
+    out = model.head(x) if head else x
+    state.advance_(T)
+    return out[None], state
