@@ -3,8 +3,10 @@
 - Every nn.Linear becomes an `Int8Linear`: int8 weights with one fp32 scale per output
   channel (symmetric). A decode step's row runs `torch._weight_int8pack_mm` (the int8 rows
   widened in registers, so it streams 1 byte per weight; its input rounded to bf16, as the
-  kernel's vector loops want); a prefill's many rows widen the weight to fp32 a block at a
-  time for a BLAS GEMM. The activations are never int8.
+  kernel's vector loops want); a prefill's many rows widen the weight a block at a time for
+  a GEMM: to bf16 (exact for int8) with bf16 activations where the CPU has bf16 dot
+  products (`BF16_GEMM`: the decode row's arithmetic, at ~4x fp32's rate here), else to fp32.
+  The activations are never int8.
 - A tied LM head (Mamba-2 checkpoints read the input embedding as the head, which is no
   nn.Linear) becomes such a Linear too, built from the embedding's weight: it is the
   largest single matmul of a small model (50k x 768 at Mamba-2-130M's shape).
