@@ -5,7 +5,7 @@
   widened in registers, so it streams 1 byte per weight; its input rounded to bf16, as the
   kernel's vector loops want); a prefill's many rows widen the weight a block at a time for
   a GEMM: to bf16 (exact for int8) with bf16 activations where the CPU has bf16 dot
-  products (`BF16_GEMM`: the decode row's arithmetic, at ~4x fp32's rate here), else to fp32.
+  products (`_bf16_gemm`: the decode row's arithmetic, at ~4x fp32's rate here), else to fp32.
   The activations are never int8.
 - A tied LM head (Mamba-2 checkpoints read the input embedding as the head, which is no
   nn.Linear) becomes such a Linear too, built from the embedding's weight: it is the
@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from agent.runtime.device import has_fast_bf16
+
 QUANT_MODES = ("int8",)
 # Names what `quantize_rows` computes; change it with that arithmetic, so the int8 rows a
 # past load kept beside a model file (`weights.PreparedCache`) are made again, not reused.
@@ -55,21 +57,16 @@ GEMM_ROWS = 16
 _GEMM_BLOCK = 1 << 22  # weights widened at a time by that GEMM path (16 MB of fp32)
 
 
-def _cpu_has_bf16_dot() -> bool:
-    """Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX): then the many-row path
-    widens the int8 rows to bf16 (exact: |q| <= 127) and runs a bf16 GEMM with fp32 sums, the
-    activations rounded to bf16 as the decode row's kernel rounds them. Measured on this
-    machine's Xeon (2 threads, 2048^2): bf16 568 GFLOP/s, fp32 138. Without those units a
-    bf16 GEMM is emulated and slower than fp32, so fp32 it stays."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+# The many-row path widens the int8 rows to bf16 (exact: |q| <= 127) and runs a bf16 GEMM
+# with fp32 sums, its activations rounded to bf16 as the decode row's kernel rounds them, where
+# bf16 matmuls are measured fast on this CPU (`device.has_fast_bf16`: here 568 GFLOP/s against
+# fp32's 138 on 2 threads); where they are emulated (~50x slower on some CPUs) it widens to
+# fp32. None: measure (once per process); True / False: pinned (tests).
+BF16_GEMM: bool | None = None
 
 
-BF16_GEMM = _cpu_has_bf16_dot()
+def _bf16_gemm() -> bool:
+    return BF16_GEMM if BF16_GEMM is not None else has_fast_bf16(torch.device("cpu"))
 
 
 def check_int8_kernels() -> None:
@@ -128,7 +125,7 @@ class Int8Linear(nn.Module):
             y = torch.mul(y, self.scale)  # bf16 x fp32: promoted, one op to an fp32 result
         elif x2.shape[0] < GEMM_ROWS:
             y = torch._weight_int8pack_mm(x2.float().contiguous(), self.weight, self.scale)
-        elif BF16_GEMM:
+        elif _bf16_gemm():
             xb = x2.to(torch.bfloat16)
             y = x2.new_empty(x2.shape[0], self.out_features, dtype=torch.float32)
             step = max(1, _GEMM_BLOCK // self.in_features)  # rows widened at a time

@@ -110,7 +110,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
     tabs = step_tables(S, W, D, c.rope_theta, x.device)
-    if B == 1 and _native_ok(attn, x, state):
+    if B == 1 and not torch.compiler.is_compiling() and _native_ok(attn, x, state):
         lib = native.library()
         if lib is not None:
             return _native_step(lib, attn, x, state, int(pos), tabs)

@@ -115,7 +115,9 @@ def test_c_prefill_equals_the_torch_forward(kw, int8, kernels):
             on = new
             torch.testing.assert_close(got, want, **tol)
             last, _ = model(piece, before, last_only=True)
-            torch.testing.assert_close(last, got[:, -1:], rtol=1e-6, atol=1e-6)
+            # int8: the head of one row takes the decode row's matmul (bf16 activations), of
+            # many the GEMM path (bf16 or fp32, as the CPU measures), so they agree to bf16's rounding.
+            torch.testing.assert_close(last, got[:, -1:], **(dict(rtol=2e-2, atol=2e-3) if int8 else dict(rtol=1e-6, atol=1e-6)))
     assert on.allclose(off, **tol) and on.pos.tolist() == off.pos.tolist() == [[32]]
 
 
@@ -169,3 +171,55 @@ def test_a_replaced_projection_is_read_by_the_next_c_step(kernels):
     for g, w, g0 in zip(after, after_ref, got):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(g, g0, rtol=1e-3, atol=1e-3)  # the new o_proj is really in the step
+
+
+@pytest.mark.parametrize("kw", GRID)
+def test_the_layer_c_step_equals_the_torch_step_and_forward(kw, kernels):
+    """A model not in the decode layout (q/k/v apart) takes the C kernel layer by layer
+    (`window_decode._native_step`): through the sinks, the first window, its wrap and a
+    second epoch, forward's logits and state, and the torch step's, token by token."""
+    model = window_model(**kw)
+    gen = torch.Generator().manual_seed(21)
+    with torch.no_grad():
+        ref, c_state, torch_state = model.new_state(1), model.new_state(1), model.new_state(1)
+        for _ in range(3 * model.config.window + model.config.sinks + 2):
+            tok = torch.randint(0, 64, (1,), generator=gen)
+            kernels(False)
+            want, ref = model(tok[:, None], ref)
+            plain = model.step_(tok, torch_state)
+            kernels(True)
+            got = model.step_(tok, c_state)
+            torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+    assert c_state.allclose(ref, rtol=1e-5, atol=1e-5) and c_state.allclose(torch_state, rtol=1e-5, atol=1e-5)
+    assert native.status().startswith("on")
+
+
+def test_the_layer_c_step_is_not_taken_with_a_probe_hooked_on_the_decays(kernels):
+    """A hook on decay_tap sees every step's decays: the torch step runs so it fires."""
+    model = window_model()
+    seen = []
+    model.blocks[0].attn.decay_tap.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        state = model.new_state(1)
+        for t in range(3):
+            model.step_(torch.tensor([t]), state)
+    assert seen == [torch.Size([1, 1, 4])] * 3
+
+
+def test_without_a_compiler_the_torch_step_runs_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAPLACE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    native.reset()
+    try:
+        model = window_model()
+        with torch.no_grad():
+            _, ref = model(torch.tensor([[1, 2]]))
+            state = model.new_state(1)
+            model.step_(torch.tensor([1]), state)
+            got = model.step_(torch.tensor([2]), state)
+        assert "no C compiler" in native.status()
+        assert state.allclose(ref, rtol=1e-5, atol=1e-5) and got.shape == (1, 64)
+    finally:
+        native.reset()

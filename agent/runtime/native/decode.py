@@ -176,6 +176,8 @@ def build_plan(model: nn.Module) -> Plan | None:
 
 def plan_for(model: nn.Module, state: Any) -> Plan | None:
     """The model's plan if its step can run here now on `state` (built once, then checked), else None."""
+    if torch.compiler.is_compiling():  # a graph being captured (serve's compile): the torch ops, which it can trace
+        return None
     if state.batch_size != 1 or any(t.dtype != torch.float32 or not t.is_contiguous() for t in state.layer_tensors.values()):
         return None
     if torch.is_grad_enabled() or torch.nn.modules.module._global_forward_hooks or \

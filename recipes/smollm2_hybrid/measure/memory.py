@@ -57,7 +57,6 @@ from recipes.smollm2_hybrid.measure.perplexity import perplexity, token_losses
 SCHEMA_VERSION = 1
 PASSKEY_REPLY_TOKENS = 12  # a space, five digits and a little more
 DEPTH = (0.1, 0.5)  # where the code sits, as a share of the total length
-SAMPLES = 2  # replies kept per (variant, length or distance)
 WITHIN_TOL = 1e-3  # losses below S + W may differ from full attention's by float rounding only
 Log = Callable[[str], None]
 
@@ -185,14 +184,15 @@ def detail_tasks(lm: LoadedModel, distance: int, trials: int, seed: int) -> list
 
 def _ask_all(lm: LoadedModel, vs: Sequence[Variant], tasks: Sequence[Task], tokens: int, max_new: int,
              score: Callable[[str, str], bool], state_bytes: int, log: Log, what: str) -> dict[str, dict[str, Any]]:
-    """Each variant's replies to `tasks` (read up to `tokens` tokens each): hits and samples."""
+    """Each variant's replies to `tasks` (read up to `tokens` tokens each): hits, and every
+    reply with its answer (a miss is read, not guessed at: a wrong code, a refusal, nothing)."""
     out = {}
     for v in vs:
         t0 = time.perf_counter()
         replies = answer_tasks(variant_model(lm, v, tokens), tasks, max_new, state_bytes)
         hits = [score(r, t.answer) for r, t in zip(replies, tasks)]
         out[v.name] = {"n": len(tasks), "hits": sum(hits), "score": sum(hits) / len(tasks),
-                       "samples": [{"answer": t.answer, "reply": r, "hit": h} for t, r, h in list(zip(tasks, replies, hits))[:SAMPLES]]}
+                       "samples": [{"answer": t.answer, "reply": r, "hit": h} for t, r, h in zip(tasks, replies, hits)]}
         log(f"{what} {v.name}: {sum(hits)}/{len(tasks)} ({time.perf_counter() - t0:.0f} s)")
     return out
 
