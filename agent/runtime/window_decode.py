@@ -220,7 +220,8 @@ def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
     if x.device.type != "cpu" or c.memory_slots or torch.is_grad_enabled() or c.head_k_dim != c.head_v_dim:
         return False
     tap = attn.decay_tap
-    if tap._forward_hooks or tap._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
+    hooks = torch.nn.modules.module
+    if tap._forward_hooks or tap._forward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
         return False
     names = ("win_k", "win_v", "gla") if attn.gla_branch is not None else ("win_k", "win_v")
     return all(state[n].dtype == torch.float32 and state[n].is_contiguous() for n in names)

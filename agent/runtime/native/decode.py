@@ -1,10 +1,11 @@
 """A whole batch-1 decode step of a window-mixer model in few calls: torch runs the matmuls,
 `decode.c` everything between them (issue 35).
 
-Per layer a step is seven calls: add+norm (C), q/k/v (one matmul), the window mixer (C),
+Per layer a step is eight calls: add+norm (C), q/k/v (one matmul), the window mixer (C),
 o_proj, add+norm (C), gate/up (one matmul), silu*up (C), down; then the final norm (C) and
-the LM head. `LaplaceModel.step_` (the torch step, which stays the reference) used ~120
-torch ops per layer, and their dispatch cost more than the arithmetic.
+the LM head. `LaplaceModel.step_`'s torch step (which stays the reference) made ~390 aten
+calls per layer on the default model, and their dispatch cost more than the arithmetic.
+`forward` is a batch-1 prefill: the matmuls over all rows, the mixer token by token in C.
 
 With int8 weights the matmuls are `torch._weight_int8pack_mm` on bf16 activations, their
 outputs bf16 and scaled per channel afterwards, as `quant.Int8Linear` does for a decode
