@@ -223,3 +223,23 @@ def test_without_a_compiler_the_torch_step_runs_and_says_why(monkeypatch, tmp_pa
         assert state.allclose(ref, rtol=1e-5, atol=1e-5) and got.shape == (1, 64)
     finally:
         native.reset()
+
+
+def test_a_library_others_can_write_is_not_loaded(monkeypatch, tmp_path):
+    """The kernels are code: from a cache directory another user can write, they are refused."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("LAPLACE_NATIVE_CACHE", str(shared))
+    monkeypatch.delenv("LAPLACE_NATIVE", raising=False)
+    native.reset()
+    try:
+        if native.library() is None:
+            pytest.skip(native.status())
+        shared.chmod(0o777)
+        native.reset()
+        assert native.library() is None and "not private" in native.status()
+        shared.chmod(0o700)
+        native.reset()
+        assert native.library() is not None
+    finally:
+        native.reset()

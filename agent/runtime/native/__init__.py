@@ -82,9 +82,16 @@ def library_path(cc: str) -> Path:
     return cache_dir() / f"decode-{key[:16]}.so"
 
 
+def _private(path: Path) -> bool:
+    """Whether `path` is this user's and no one else can write it: a library loaded from a
+    directory another user can write could be theirs (LAPLACE_NATIVE_CACHE=/tmp/x, say)."""
+    st = path.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def build(cc: str, out: Path) -> None:
     """Compiles SOURCE into `out` (atomically: a temporary file renamed into place)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
@@ -115,6 +122,9 @@ def library() -> ctypes.CDLL | None:
         path = library_path(cc)
         if not path.exists():
             build(cc, path)
+        if not (_private(path.parent) and _private(path)):
+            _status = f"off: {path.parent} or the library in it is not private to this user; the torch step runs instead"
+            return None
         lib = ctypes.CDLL(str(path))
         for name, argtypes in KERNELS.items():
             fn = getattr(lib, name)
