@@ -104,16 +104,27 @@ def adopt_fused_(owner: nn.Module, names: tuple[str, ...], fused: Tensor) -> Non
     owner.__dict__.setdefault("_fused", {})[names] = (fused, mods, ptrs, rows)
 
 
-def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:
-    """[getattr(owner, n)(x) for n in names], as one matmul when `fuse_linears_` fused them
-    and they are still those Linears with those weights (a LoRA wrapper or a replaced
-    weight falls back to the separate calls)."""
+def fused_group(owner: nn.Module, names: tuple[str, ...]) -> tuple[Tensor | Int8Linear, list[int]] | None:
+    """(the fused matrix or Int8Linear, each projection's rows) where `fuse_linears_` fused
+    `names` and they are still those Linears with those weights; None otherwise (never
+    fused, or a LoRA wrapper or a replaced weight since)."""
     entry = owner.__dict__.get("_fused", {}).get(names)
-    if entry is not None:
-        fused, mods, ptrs, rows = entry
-        if all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
-            y = fused(x) if isinstance(fused, Int8Linear) else F.linear(x, fused)
-            return list(y.split(rows, -1))
+    if entry is None:
+        return None
+    fused, mods, ptrs, rows = entry
+    if all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
+        return fused, rows
+    return None
+
+
+def project(owner: nn.Module, names: tuple[str, ...], x: Tensor) -> list[Tensor]:
+    """[getattr(owner, n)(x) for n in names], as one matmul where they are fused
+    (`fused_group`), else the separate calls."""
+    group = fused_group(owner, names)
+    if group is not None:
+        fused, rows = group
+        y = fused(x) if isinstance(fused, Int8Linear) else F.linear(x, fused)
+        return list(y.split(rows, -1))
     return [getattr(owner, n)(x) for n in names]
 
 

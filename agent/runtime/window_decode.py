@@ -110,7 +110,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
     tabs = step_tables(S, W, D, c.rope_theta, x.device)
-    if B == 1 and not torch.compiler.is_compiling() and _native_ok(attn, x, state):
+    if B == 1 and kernels_may_run() and _native_ok(attn, x, state):
         lib = native.library()
         if lib is not None:
             return _native_step(lib, attn, x, state, int(pos), tabs)
@@ -213,15 +213,22 @@ def _phi(x: Tensor, weight: Tensor | None, kind: str) -> Tensor:
     return torch.stack([z, z.neg()], -2).softmax(-1).flatten(-2)
 
 
+def kernels_may_run() -> bool:
+    """What any use of `native`'s C kernels needs first: no graph being captured (serve's
+    torch.compile traces the torch ops), no gradient, no global module hook to call."""
+    hooks = torch.nn.modules.module
+    return not (torch.compiler.is_compiling() or torch.is_grad_enabled()
+                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
+
+
 def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
-    """Whether `native`'s C step can take this token: one CPU row, no memory slots, no
-    gradient, no probe hooked on the decays, the state's tensors fp32 and contiguous."""
+    """Whether `native`'s C step can take this token (`kernels_may_run` checked): one CPU
+    row, no memory slots, no probe hooked on the decays, the state's tensors fp32 and contiguous."""
     c = attn.config
-    if x.device.type != "cpu" or c.memory_slots or torch.is_grad_enabled() or c.head_k_dim != c.head_v_dim:
+    if x.device.type != "cpu" or c.memory_slots or c.head_k_dim != c.head_v_dim:
         return False
     tap = attn.decay_tap
-    hooks = torch.nn.modules.module
-    if tap._forward_hooks or tap._forward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+    if tap._forward_hooks or tap._forward_pre_hooks:
         return False
     names = ("win_k", "win_v", "gla") if attn.gla_branch is not None else ("win_k", "win_v")
     return all(state[n].dtype == torch.float32 and state[n].is_contiguous() for n in names)

@@ -1,24 +1,25 @@
-/* Batch-1 decode kernels: everything a window-mixer model's step does between its matmuls.
+/* Batch-1 kernels: everything a window-mixer model's step does between its matmuls.
  *
- * laplace_window_step: the window mixer after the q/k/v projection, `window_decode.window_step_`'s
- *   math in one call instead of ~100 torch ops;
+ * laplace_window: the window mixer after the q/k/v projection for T tokens in a row
+ *   (`window_decode.window_step_`'s math; T = 1 a decode step, more a prefill);
  * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle.
  *
  * The matmuls stay torch's (`native/decode.py` runs them). Their activations are either fp32
  * or, for int8 weights, bf16 in and bf16 out with one fp32 scale per output channel applied
  * after (`quant.Int8Linear`'s arithmetic); these kernels read and write both forms.
  *
- * Built on first use by `native.py` (cc -O3 -march=native -fopenmp-simd) and called through
- * ctypes with the tensors' pointers; every array is fp32 and contiguous. Layouts:
+ * Built on first use by `native/__init__.py` (cc -O3 -march=native -fopenmp-simd) and called
+ * through ctypes with the tensors' pointers; every array is contiguous. Layouts, per token:
  *
  *   qkv [H + 2G, D]              this token's q, k, v projections, one row (H = G * R query heads):
  *                                fp32, or bf16 times qkv_scale [(H + 2G) D] with io_bf16
- *   win_k, win_v [G, N, D]       the ring (N = S + W slots), written in place at `slot`
- *   cos3, sin3 [3, D]            the step table's rows for this position: angles sinks / lo / hi,
- *                                sin signed for the roll form (x cos + roll(x, D/2) sin)
- *   row [N] int64, bias [N]      which of the three angles scores each slot; 0 or -inf
+ *   win_k, win_v [G, N, D]       the ring (N = S + W slots), written in place at the token's slot
+ *   cos3, sin3 [S + 2W, 3, D]    the step tables (`window_decode.StepTables`): per canonical
+ *   row [S + 2W, N] int64,       position the angles sinks / lo / hi (sin signed for the roll
+ *   bias [S + 2W, N]             form x cos + roll(x, D/2) sin), which angle scores each slot,
+ *                                and 0 or -inf (no key in the window there)
  *   gla [H, F, D + 1]            the GLA branch's state (NULL: no branch), written in place
- *   xin [d_model]                the mixer's input (the branch's decay reads it)
+ *   xin [d_model]                the mixer's fp32 input (the branch's decay reads it)
  *   decay_w [H, d_model], decay_b [H], q_map, k_map [H, D, F0] (NULL: the elu map, F = D)
  *   y [H, D]                     the output, before o_proj (bf16 with io_bf16)
  *
@@ -119,8 +120,8 @@ void laplace_silu_mul(const void *gu, int gu_bf16, const float *gu_scale, int n,
 
 typedef float v8f __attribute__((vector_size(32)));  /* GCC's portable vectors: 8 floats */
 
-/* out[:D] = sum_r w[r] * M[r, :D] over R rows of M (row stride ld), rows of weight 0 skipped.
- * With D a multiple of 8 up to 128 the sums live in registers for the whole pass (a loop
+/* out[:D] = sum_r w[r] * M[r, :D] over R rows of M (row stride ld). With D a multiple of 8 up
+ * to 128 the sums live in registers for the whole pass (a loop
  * over out[] read and wrote memory per row: the step's hottest loop). */
 static inline __attribute__((always_inline)) void weighted_rows(float *out, const float *w, const float *M, int R, int D,
                                                                  int64_t ld) {
@@ -250,8 +251,8 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
  * batch-1 prefill, token after token, so its numbers are the step's). Row t of qkv, xin and y
  * is at t * its stride (in elements). The step tables (`window_decode.StepTables`) come
  * whole: cos3, sin3 [S + 2W, 3, D], row [S + 2W, N] int64, bias [S + 2W, N]. */
-static int window_token_d64(TOKEN_PARAMS);
-static int window_token_any(TOKEN_PARAMS);
+static void window_token_d64(TOKEN_PARAMS);
+static void window_token_any(TOKEN_PARAMS);
 
 /* A run of tokens over the heads [h0, h1), with the rings of the groups they read: rk[g],
  * rv[g] [N, D] (the state's, or a thread's private copy of a group another thread owns). */
@@ -260,7 +261,6 @@ struct run {
     const float *cos3, *sin3; const int64_t *row; const float *bias; int64_t t0; int T, H, G, D, S, W;
     float *gla; const float *xin; int64_t xin_stride; int d_model; const float *decay_w, *decay_b, *q_map, *k_map;
     int F0; float gate_normalizer; const float *mix; float scale; int gated; float eps; void *y; int64_t y_stride;
-    int rc;
 };
 
 static void *run_tokens(void *arg) {
@@ -268,11 +268,11 @@ static void *run_tokens(void *arg) {
     const int N = j->S + j->W, S = j->S, W = j->W, D = j->D, esize = j->io_bf16 ? 2 : 4;
     unsigned int mode;
     FTZ_ON(mode);
-    for (int i = 0; i < j->T && !j->rc; i++) {
+    for (int i = 0; i < j->T; i++) {
         int64_t t = j->t0 + i;
         int64_t c = t < N ? t : N + (t - S) % W;  /* the table row: past S + W a step at t is one at t - W */
         int64_t slot = t < S ? t : S + (t - S) % W;
-        j->rc = (D == 64 ? window_token_d64 : window_token_any)(
+        (D == 64 ? window_token_d64 : window_token_any)(
             (const char *)j->qkv + i * j->qkv_stride * esize, j->io_bf16, j->qkv_scale, j->rk, j->rv, j->h0, j->h1,
             j->cos3 + c * 3 * D, j->sin3 + c * 3 * D, j->row + c * N, j->bias + c * N, slot, c >= N, j->H, j->G, D, N,
             j->gla, j->xin + i * j->xin_stride, j->d_model, j->decay_w, j->decay_b, j->q_map, j->k_map, j->F0,
@@ -298,14 +298,14 @@ int laplace_window(
     const int N = S + W, R = H / G;
     struct run job = {qkv, io_bf16, qkv_scale, qkv_stride, {0}, {0}, 0, H, cos3, sin3, row, bias, t0, T, H, G, D, S, W,
                       gla, xin, xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale,
-                      gated, eps, y, y_stride, 0};
+                      gated, eps, y, y_stride};
     for (int g = 0; g < G; g++) {
         job.rk[g] = win_k + (int64_t)g * N * D;
         job.rv[g] = win_v + (int64_t)g * N * D;
     }
     if (threads < 2 || T < 2 || H < 2) {
         run_tokens(&job);
-        return job.rc;
+        return 0;
     }
     struct run second = job;
     int split = (H + 1) / 2, shared = split % R ? split / R : -1;
@@ -325,13 +325,13 @@ int laplace_window(
     if (started) pthread_join(tid, NULL);
     else run_tokens(&second);
     free(copy);
-    return job.rc ? job.rc : second.rc;
+    return 0;
 }
 
 /* One token (the body of laplace_window), inlined twice: with D = 64 (the default model's
  * head size) a compile-time constant, so the dot products unroll and the 64 accumulators of
  * a head's output stay in registers (2.5x faster here), and with any D. */
-static inline __attribute__((always_inline)) int window_token(TOKEN_PARAMS) {
+static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
     const int R = H / G, F = q_map ? 2 * F0 : D, DV = D + 1;
     float q[H * D], k[G * D], v[G * D];
     for (int i = 0; i < H * D; i++) q[i] = load(qkv, io_bf16, qkv_scale, i);
@@ -403,12 +403,11 @@ static inline __attribute__((always_inline)) int window_token(TOKEN_PARAMS) {
             for (int i = 0; i < D; i++) store(y, io_bf16, yh + i, (num[i] + beta * o[i]) / dd);
         }
     }
-    return 0;
 }
 
-static int window_token_d64(TOKEN_PARAMS) {
+static void window_token_d64(TOKEN_PARAMS) {
     (void)D;
-    return window_token(TOKEN_ARGS(64));
+    window_token(TOKEN_ARGS(64));
 }
 
-static int window_token_any(TOKEN_PARAMS) { return window_token(TOKEN_ARGS(D)); }
+static void window_token_any(TOKEN_PARAMS) { window_token(TOKEN_ARGS(D)); }

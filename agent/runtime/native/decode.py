@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agent.runtime import native
-from agent.runtime.layers import GLU, RMSNorm
+from agent.runtime.layers import GLU, RMSNorm, fused_group
 from agent.runtime.quant import Int8Embedding, Int8Linear, _ones_bf16
-from agent.runtime.window_decode import run_window, step_tables
+from agent.runtime.window_decode import kernels_may_run, run_window, step_tables
 
 
 @dataclass
@@ -76,19 +76,12 @@ class Plan:
 
 
 def _matmul(owner: nn.Module, names: tuple[str, ...], int8: bool) -> Matmul | None:
-    """The projection `names` of `owner` as one matrix: a fused group (`layers.project`'s
-    entry, still valid) or a single Linear of the expected kind; None otherwise."""
-    if len(names) > 1:
-        entry = owner.__dict__.get("_fused", {}).get(names)
-        if entry is None:
-            return None
-        fused, mods, ptrs, _ = entry
-        if not all(getattr(owner, n) is m and m.weight.data_ptr() == p for n, m, p in zip(names, mods, ptrs)):
-            return None
-        mod = fused
-    else:
-        mod = getattr(owner, names[0])
-    return _linear(mod, int8)
+    """The projection `names` of `owner` as one matrix: a fused group still valid
+    (`layers.fused_group`) or a single Linear of the expected kind; None otherwise."""
+    if len(names) == 1:
+        return _linear(getattr(owner, names[0]), int8)
+    group = fused_group(owner, names)
+    return None if group is None else _linear(group[0], int8)
 
 
 def _linear(mod: Any, int8: bool) -> Matmul | None:
@@ -177,12 +170,9 @@ def build_plan(model: nn.Module) -> Plan | None:
 
 def plan_for(model: nn.Module, state: Any) -> Plan | None:
     """The model's plan if its step can run here now on `state` (built once, then checked), else None."""
-    if torch.compiler.is_compiling():  # a graph being captured (serve's compile): the torch ops, which it can trace
+    if not kernels_may_run():
         return None
     if state.batch_size != 1 or any(t.dtype != torch.float32 or not t.is_contiguous() for t in state.layer_tensors.values()):
-        return None
-    if torch.is_grad_enabled() or torch.nn.modules.module._global_forward_hooks or \
-            torch.nn.modules.module._global_forward_pre_hooks:
         return None
     lib = native.library()
     if lib is None:
