@@ -4,6 +4,10 @@ cases it must hand back to the torch step (a hook, a replaced weight, two rows).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -243,3 +247,18 @@ def test_a_library_others_can_write_is_not_loaded(monkeypatch, tmp_path):
         assert native.library() is not None
     finally:
         native.reset()
+
+
+def test_a_damaged_library_is_built_again_not_loaded(monkeypatch, tmp_path):
+    """A truncated library crashed dlopen with SIGBUS; its sha256 no longer matches, so the
+    next process rebuilds it (in a child here, so a crash would fail the test, not end it)."""
+    env = {**os.environ, "LAPLACE_NATIVE_CACHE": str(tmp_path), "LAPLACE_NATIVE": "1"}
+    probe = [sys.executable, "-c", "from agent.runtime import native; print(native.status())"]
+    first = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=300)
+    if not first.stdout.startswith("on"):
+        pytest.skip(first.stdout.strip())
+    (lib,) = tmp_path.glob("*.so")
+    lib.write_bytes(lib.read_bytes()[:1000])
+    again = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.startswith("on"), (again.returncode, again.stdout, again.stderr)
+    assert len(lib.read_bytes()) > 1000

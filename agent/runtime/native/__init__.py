@@ -13,7 +13,8 @@ fallback wherever the kernel cannot run:
 
 The cache is $LAPLACE_NATIVE_CACHE, else $XDG_CACHE_HOME/laplace/native, else
 ~/.cache/laplace/native. A build writes a temporary file and renames it into place, so
-two processes building at once each load a whole library.
+two processes building at once each load a whole library, and keeps its sha256 beside it:
+a library that no longer matches it (truncated, damaged) is built again, never loaded.
 """
 
 from __future__ import annotations
@@ -89,8 +90,33 @@ def _private(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def _digest_path(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _intact(lib: Path) -> bool:
+    """Whether `lib` is the file its build wrote (its sha256 beside it): a truncated or damaged
+    library is not merely refused by dlopen, it can crash the process (SIGBUS)."""
+    try:
+        return _digest_path(lib).read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
+    except OSError:
+        return False
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def build(cc: str, out: Path) -> None:
-    """Compiles SOURCE into `out` (atomically: a temporary file renamed into place)."""
+    """Compiles SOURCE into `out`, then its sha256 beside it (each a temporary file renamed
+    into place: two processes building at once each leave a whole file)."""
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
@@ -99,7 +125,9 @@ def build(cc: str, out: Path) -> None:
                               timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise OSError(f"{cc} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
         os.replace(tmp, out)
+        _write_atomic(_digest_path(out), digest.encode())
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -120,7 +148,7 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         path = library_path(cc)
-        if not path.exists():
+        if not _intact(path):  # never built, or damaged since: built (again)
             build(cc, path)
         if not (_private(path.parent) and _private(path)):
             _status = f"off: {path.parent} or the library in it is not private to this user; the torch step runs instead"
