@@ -1,9 +1,11 @@
 """`python -m agent.bench.laplace_child SPEC`: laplace's side of `laplace bench llamacpp`.
 
 SPEC is a JSON object: model (a model directory), weights (fp32 | bf16 | int8), threads,
-prompt, gen, depth, seed. The model is loaded the way chat loads it, through the runtime's
-public API (`load_model_dir`, `EagerRunner.prefill` / `step_`), then measured as
-`llama-bench -p prompt -n gen -d depth` measures llama.cpp:
+prompt, gen, depth, seed, and engine (optional: "torch", the default, or "native"). With
+torch the model is loaded the way chat loads it, through the runtime's public API
+(`load_model_dir`, `EagerRunner.prefill` / `step_`); with "native" by the torch-free engine
+(`runtime/native/engine.py`: fp32 or int8, never importing torch), with the tokenizer loaded
+as a chat would. Either is measured as `llama-bench -p prompt -n gen -d depth` measures llama.cpp:
 
 - warm-up: a short prefill and a few decode steps (llama-bench warms up too);
 - prefill: `depth` tokens read (untimed), then `prompt` more timed;
@@ -74,7 +76,49 @@ def timed_decode(runner: Any, depth_ids: Sequence[int], first: int, n: int) -> t
     return time.perf_counter() - t, tokens
 
 
+def measure_native(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same protocol on the torch-free engine (same ids, same greedy decode)."""
+    from agent.runtime.native.engine import Engine, EngineUnavailable
+    from agent.runtime.tokenizer import Tokenizer
+
+    threads = int(spec["threads"])
+    try:
+        engine = Engine.load(spec["model"], weights=spec["weights"], threads=threads)
+    except EngineUnavailable as e:
+        raise SystemExit(f"the native engine cannot run this: {e}") from None
+    tokenizer = Tokenizer.from_file(f"{spec['model']}/tokenizer.json")
+    vocab = min(engine.config.vocab_size, tokenizer.vocab_size)
+    depth, prompt, gen = int(spec["depth"]), int(spec["prompt"]), int(spec["gen"])
+    ids = prompt_ids(vocab, depth + prompt, int(spec.get("seed", 0)))
+
+    def read(depth_ids: Sequence[int]) -> tuple[Any, Any]:
+        state = engine.new_state()
+        return (engine.prefill(depth_ids, state) if depth_ids else None), state
+
+    def decode(depth_ids: Sequence[int], n: int) -> tuple[float, list[int]]:
+        logits, state = read(depth_ids)
+        if logits is None:
+            logits = engine.prefill([ids[0]], state)
+        tok, tokens = int(logits.argmax()), []
+        t = time.perf_counter()
+        for _ in range(n):
+            tokens.append(tok)
+            tok = int(engine.step(tok, state).argmax())
+        return time.perf_counter() - t, tokens
+
+    decode(ids[: min(64, depth + prompt)], 4)  # warm-up, as the torch child
+    _, state = read(ids[:depth])
+    t = time.perf_counter()
+    engine.prefill(ids[depth:], state)
+    prefill_s = time.perf_counter() - t
+    decode_s, tokens = decode(ids[:depth], gen)
+    return {"prefill_s": prefill_s, "decode_s": decode_s, "peak_kb": vm_hwm_kb(), "tokens": tokens,
+            "torch_threads": threads, "torch_imported": "torch" in sys.modules}
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("engine", "torch") == "native":
+        return measure_native(spec)
     import torch
 
     from agent.runtime.generation import EagerRunner

@@ -44,6 +44,8 @@ BENCH_ERRORS = (BuildError, MeasureError)
 QUICK = Protocol(threads=2, prompt=64, gen=16, depth=64)
 DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16", "int8": "int8"}
 LAPLACE_WEIGHTS = ("fp32", "bf16", "int8")
+ENGINE = "laplace native"  # the torch-free engine (runtime/native/engine.py): fp32 and int8
+ENGINE_WEIGHTS = ("fp32", "int8")
 
 Log = Callable[[str], None]
 Measure = Callable[[Subject, Path], Measurement]
@@ -64,10 +66,13 @@ def laplace_dtype(setting: str) -> str:
 def plan(default_dtype: str, mamba_model: str | None) -> tuple[list[Subject], list[Pair]]:
     """Subjects in the order each round runs them (each laplace subject beside its partner)."""
     lap = {w: Subject("default", "laplace", w) for w in LAPLACE_WEIGHTS}
+    nat = {w: Subject("default", ENGINE, w) for w in ENGINE_WEIGHTS}
     cpp = {w: Subject("default", "llama.cpp", w) for w in ("F32", "Q8_0", "Q4_1")}
     pairs = [Pair(lap["fp32"], cpp["F32"], True), Pair(lap["int8"], cpp["Q8_0"], True),
+             Pair(nat["fp32"], cpp["F32"], True), Pair(nat["int8"], cpp["Q8_0"], True),
              Pair(lap[default_dtype], cpp["Q4_1"], False)]
-    subjects = [lap["fp32"], cpp["F32"], lap["int8"], cpp["Q8_0"], lap["bf16"], cpp["Q4_1"]]
+    # The torch int8 load writes the int8 cache the native int8 child maps: it runs first.
+    subjects = [lap["fp32"], nat["fp32"], cpp["F32"], lap["int8"], nat["int8"], cpp["Q8_0"], lap["bf16"], cpp["Q4_1"]]
     if mamba_model is not None:
         mlap = {w: Subject(mamba_model, "laplace", w) for w in ("fp32", "int8")}
         mcpp = {w: Subject(mamba_model, "llama.cpp", w) for w in ("F32", "Q8_0")}
@@ -78,8 +83,8 @@ def plan(default_dtype: str, mamba_model: str | None) -> tuple[list[Subject], li
 
 def measure_subject(tools: LlamaCpp, protocol: Protocol) -> Measure:
     def measure(s: Subject, path: Path) -> Measurement:
-        if s.runtime == "laplace":
-            return measure_laplace(path, s.weights, protocol)
+        if s.runtime in ("laplace", ENGINE):
+            return measure_laplace(path, s.weights, protocol, engine="native" if s.runtime == ENGINE else "torch")
         return measure_llama_cpp(tools.bench, path, protocol)
 
     return measure
@@ -132,6 +137,7 @@ def prepare_mamba(tools: LlamaCpp, home: Path, shape: str | None, log: Log) -> t
 
 def default_paths(model_dir: Path, ggufs: Mapping[str, Path]) -> dict[str, Path]:
     paths = {f"default/laplace/{w}": Path(model_dir) for w in LAPLACE_WEIGHTS}
+    paths.update({f"default/{ENGINE}/{w}": Path(model_dir) for w in ENGINE_WEIGHTS})
     paths.update({f"default/llama.cpp/{t}": p for t, p in ggufs.items()})
     return paths
 

@@ -78,7 +78,7 @@ class ChildRun:
 
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     env.pop("LAPLACE_DTYPE", None)  # the laplace child is told its weights explicitly
     return env
 
@@ -192,8 +192,8 @@ def measure_llama_cpp(bench: Path, gguf: Path, p: Protocol, *, timeout: float = 
 # ---------------------------------------------------------------------------- laplace
 
 
-def laplace_command(model_dir: Path, weights: str, p: Protocol) -> list[str]:
-    spec = {"model": str(model_dir), "weights": weights, **asdict(p)}
+def laplace_command(model_dir: Path, weights: str, p: Protocol, engine: str = "torch") -> list[str]:
+    spec = {"model": str(model_dir), "weights": weights, "engine": engine, **asdict(p)}
     return [sys.executable, "-m", "agent.bench.laplace_child", json.dumps(spec)]
 
 
@@ -207,9 +207,10 @@ def parse_laplace_child(stdout: str, p: Protocol) -> dict[str, Any]:
     return res
 
 
-def measure_laplace(model_dir: Path, weights: str, p: Protocol, *, timeout: float = CHILD_TIMEOUT_S) -> Measurement:
-    run = run_child(laplace_command(model_dir, weights, p), env=child_env(p.threads), timeout=timeout,
-                    what=f"laplace {weights} on {Path(model_dir).name}")
+def measure_laplace(model_dir: Path, weights: str, p: Protocol, *, engine: str = "torch",
+                    timeout: float = CHILD_TIMEOUT_S) -> Measurement:
+    run = run_child(laplace_command(model_dir, weights, p, engine), env=child_env(p.threads), timeout=timeout,
+                    what=f"laplace {'' if engine == 'torch' else engine + ' '}{weights} on {Path(model_dir).name}")
     res = parse_laplace_child(run.stdout, p)
     peak_kb = max(run.peak_kb, int(res["peak_kb"]))
     return Measurement(p.prompt / res["prefill_s"], p.gen / res["decode_s"], peak_kb / 1024, run.others_cpu_share)

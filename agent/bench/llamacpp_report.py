@@ -25,7 +25,7 @@ class Subject:
     """One runtime on one model in one format: a column of the alternation."""
 
     model: str  # "default", "mamba2-130m"
-    runtime: str  # "laplace" | "llama.cpp"
+    runtime: str  # "laplace" | "laplace native" (the torch-free engine) | "llama.cpp"
     weights: str  # fp32 | bf16 | int8 | F32 | Q8_0 | Q4_1
 
     @property
@@ -41,7 +41,8 @@ class Pair:
 
     @property
     def name(self) -> str:
-        return f"{self.laplace.model}: {self.laplace.weights} vs {self.llama.weights}"
+        engine = "" if self.laplace.runtime == "laplace" else f"{self.laplace.runtime.removeprefix('laplace ')} "
+        return f"{self.laplace.model}: {engine}{self.laplace.weights} vs {self.llama.weights}"
 
 
 def median(values: Sequence[float]) -> float:
@@ -111,7 +112,7 @@ def ratio_row(p: Pair, r: Mapping[str, Mapping[str, Any]], valid: bool) -> dict[
     if valid and p.matching:
         met = floors_met(r)
         note = "floors met" if all(met.values()) else "below floor: " + ", ".join(k for k, ok in met.items() if not ok)
-    return {"model": p.laplace.model, "runtime": "laplace / llama.cpp", "weights": f"{p.laplace.weights} / {p.llama.weights}",
+    return {"model": p.laplace.model, "runtime": f"{p.laplace.runtime} / llama.cpp", "weights": f"{p.laplace.weights} / {p.llama.weights}",
             "prefill_tok_s": ratio_cell(r["prefill"]), "decode_tok_s": ratio_cell(r["decode"]),
             "peak_rss_MB": ratio_cell(r["peak_rss"]), "note": note}
 

@@ -39,6 +39,8 @@ from typing import BinaryIO, Iterator
 import torch
 from torch import Tensor
 
+from agent.runtime.files import file_identity
+
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
 BLOCK_BYTES = 8 << 20  # rows read at a time: about 8 MB (one buffer a load, beside the model)
@@ -212,14 +214,6 @@ class MappedFile:
         end = (info.start + info.nbytes) // page * page
         if end > start:
             self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
-def file_identity(file: str | Path) -> str:
-    """What a cache beside `file` is keyed by: device, inode, size, modification and change
-    time (a change time cannot be set back by touch or a copy tool, so an edited or
-    replaced file gets a new identity)."""
-    st = os.stat(file)
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 class DigestCache:

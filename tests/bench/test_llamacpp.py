@@ -20,12 +20,14 @@ from agent.cli import app
 
 def test_plan_pairs_the_matching_formats_and_the_default_dtype_with_q4_1():
     subjects, pairs = lc.plan("int8", "mamba2-130m")
-    assert [s.key for s in subjects[:6]] == ["default/laplace/fp32", "default/llama.cpp/F32", "default/laplace/int8",
-                                             "default/llama.cpp/Q8_0", "default/laplace/bf16", "default/llama.cpp/Q4_1"]
+    assert [s.key for s in subjects[:8]] == [
+        "default/laplace/fp32", "default/laplace native/fp32", "default/llama.cpp/F32", "default/laplace/int8",
+        "default/laplace native/int8", "default/llama.cpp/Q8_0", "default/laplace/bf16", "default/llama.cpp/Q4_1"]
     assert [(p.name, p.matching) for p in pairs] == [
-        ("default: fp32 vs F32", True), ("default: int8 vs Q8_0", True), ("default: int8 vs Q4_1", False),
+        ("default: fp32 vs F32", True), ("default: int8 vs Q8_0", True), ("default: native fp32 vs F32", True),
+        ("default: native int8 vs Q8_0", True), ("default: int8 vs Q4_1", False),
         ("mamba2-130m: fp32 vs F32", True), ("mamba2-130m: int8 vs Q8_0", True)]
-    assert len(lc.plan("fp32", None)[0]) == 6  # no Mamba-2 rows
+    assert len(lc.plan("fp32", None)[0]) == 8  # no Mamba-2 rows
     assert lc.laplace_dtype("float32") == "fp32" and lc.laplace_dtype("bfloat16") == "bf16"
     with pytest.raises(ValueError, match="LAPLACE_DTYPE='float16'"):
         lc.laplace_dtype("float16")
@@ -108,6 +110,8 @@ def test_ratios_measured_under_load_are_marked_not_valid():
     assert out["ratios_valid"] is False and out["load"]["reasons"]
     ratio_rows = [r for r in out["rows"] if r["runtime"] == "laplace / llama.cpp"]
     assert len(ratio_rows) == 3 and all(r["note"] == "NOT VALID: measured under load" for r in ratio_rows)
+    native_rows = [r for r in out["rows"] if r["runtime"] == "laplace native / llama.cpp"]
+    assert len(native_rows) == 2 and all(r["note"] == "NOT VALID: measured under load" for r in native_rows)
     assert ratio_rows[0]["decode_tok_s"].startswith("0.50x")  # the numbers are still printed
 
 

@@ -77,6 +77,34 @@ def test_laplace_child_reports_greedy_tokens_and_refuses_unknown_weights(tmp_pat
     assert laplace_child.main([]) == 2
 
 
+def test_the_native_child_runs_without_torch_and_decodes_as_the_torch_child(tmp_path):
+    """The torch-free engine's child (`engine: native`) on a small window model: no torch in
+    its process, and the same greedy tokens as the torch child from the same ids (fp32)."""
+    import subprocess
+
+    from agent.runtime import native
+    from agent.runtime.checkpoint import LoadedModel, save_model_dir
+    from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+    from tests.runtime.test_window import window_model
+
+    if native.library() is None:
+        pytest.skip(native.status())
+    d = save_model_dir(LoadedModel(window_model(vocab_size=264, combine="softmax"), byte_level_tokenizer(), ChatTemplate(),
+                                   name="w"), tmp_path / "w", card={"name": "w"})
+    p = lm.Protocol(threads=1, prompt=12, gen=6, depth=9)
+    res = {}
+    for engine in ("torch", "native"):
+        run = subprocess.run(lm.laplace_command(d, "fp32", p, engine), capture_output=True, text=True, timeout=120,
+                             env=lm.child_env(1))
+        assert run.returncode == 0, run.stderr
+        res[engine] = lm.parse_laplace_child(run.stdout, p)
+    assert res["native"]["torch_imported"] is False
+    assert res["native"]["tokens"] == res["torch"]["tokens"] and len(res["torch"]["tokens"]) == 6
+    run = subprocess.run(lm.laplace_command(d, "int8", p, "native"), capture_output=True, text=True, timeout=120,
+                         env=lm.child_env(1))  # no int8 load has written the cache: a one-line refusal
+    assert run.returncode != 0 and "the native engine cannot run this: no int8 cache" in run.stderr
+
+
 def test_parse_shape():
     assert mamba.parse_shape(None) == mamba.SHAPES["mamba2-130m"]
     assert mamba.parse_shape("tiny") == mamba.SHAPES["tiny"]

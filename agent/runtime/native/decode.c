@@ -2,9 +2,10 @@
  *
  * laplace_window: the window mixer after the q/k/v projection for T tokens in a row
  *   (`window_decode.window_step_`'s math; T = 1 a decode step, more a prefill);
- * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle.
+ * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle;
+ * laplace_matmul_i8: int8 weights times fp32 rows (`native/engine.py`, the torch-free runtime).
  *
- * The matmuls stay torch's (`native/decode.py` runs them). Their activations are either fp32
+ * With torch the matmuls stay torch's (`native/decode.py` runs them). Their activations are either fp32
  * or, for int8 weights, bf16 in and bf16 out with one fp32 scale per output channel applied
  * after (`quant.Int8Linear`'s arithmetic); these kernels read and write both forms.
  *
@@ -116,6 +117,73 @@ void laplace_silu_mul(const void *gu, int gu_bf16, const float *gu_scale, int n,
         float g = load(gu, gu_bf16, gu_scale, i), u = load(gu, gu_bf16, gu_scale, (int64_t)n + i);
         store(out, out_bf16, i, g / (1.0f + vexp(-g)) * u);
     }
+}
+
+/* out[t, n] = scale[n] * sum_k x[t, k] w[n, k] for the T rows of x [T, K] (fp32) and the rows
+ * [n0, n1) of w [N, K] (int8): the torch-free engine's matmul for a decode row or a few (a
+ * prefill's many rows widen the weights once and take numpy's GEMM instead). Sums and the
+ * activations stay fp32 (`quant.Int8Linear` rounds both to bf16, a difference below 2^-8).
+ * Four weight rows at a time: four independent sums keep the FMA unit busy, and each row of
+ * x is loaded once per four rows of w. */
+static void matmul_i8_rows(const float *x, int64_t T, int K, const int8_t *w, const float *scale, int n0, int n1,
+                           float *out, int64_t out_stride) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        const int8_t *w0 = w + (int64_t)n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * K;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+            for (int k = 0; k < K; k++) {
+                float v = xt[k];
+                a0 += v * (float)w0[k];
+                a1 += v * (float)w1[k];
+                a2 += v * (float)w2[k];
+                a3 += v * (float)w3[k];
+            }
+            float *o = out + t * out_stride + n;
+            o[0] = a0 * scale[n];
+            o[1] = a1 * scale[n + 1];
+            o[2] = a2 * scale[n + 2];
+            o[3] = a3 * scale[n + 3];
+        }
+    }
+    for (; n < n1; n++) {
+        const int8_t *wn = w + (int64_t)n * K;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * K;
+            float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+            for (int k = 0; k < K; k++) a += xt[k] * (float)wn[k];
+            out[t * out_stride + n] = a * scale[n];
+        }
+    }
+}
+
+struct matmul_job { const float *x; int64_t T; int K; const int8_t *w; const float *scale; int n0, n1; float *out; int64_t out_stride; };
+
+static void *matmul_job_run(void *arg) {
+    struct matmul_job *j = arg;
+    matmul_i8_rows(j->x, j->T, j->K, j->w, j->scale, j->n0, j->n1, j->out, j->out_stride);
+    return NULL;
+}
+
+/* With threads = 2 and a large enough matrix (starting a thread costs ~20 us, a 1 M-weight
+ * pass ~100 us) the rows are split between two threads at a multiple of 4. */
+#define MATMUL_SPLIT_MIN (1 << 20)
+void laplace_matmul_i8(const float *x, int64_t T, int K, const int8_t *w, const float *scale, int N, float *out,
+                       int64_t out_stride, int threads) {
+    if (threads < 2 || (int64_t)N * K * T < MATMUL_SPLIT_MIN || N < 8) {
+        matmul_i8_rows(x, T, K, w, scale, 0, N, out, out_stride);
+        return;
+    }
+    int split = (N / 2) & ~3;
+    struct matmul_job second = {x, T, K, w, scale, split, N, out, out_stride};
+    pthread_t tid;
+    int started = pthread_create(&tid, NULL, matmul_job_run, &second) == 0;
+    matmul_i8_rows(x, T, K, w, scale, 0, split, out, out_stride);
+    if (started) pthread_join(tid, NULL);
+    else matmul_job_run(&second);
 }
 
 typedef float v8f __attribute__((vector_size(32)));  /* GCC's portable vectors: 8 floats */

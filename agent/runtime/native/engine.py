@@ -1,0 +1,369 @@
+"""A batch-1 runtime without torch: a window-mixer model's step and prefill from its files,
+with numpy for a prefill's matmuls and `decode.c` for everything else (issue 35).
+
+`import torch` alone takes ~1.7 s and ~220 MB of resident memory here: more than the int8
+default model's weights (135 MB), and more than llama.cpp's whole process on the same model.
+This engine runs the step of `native/decode.py` (the same C kernels for the window mixer,
+the norms and the GLU) on weights mapped from the model directory, so a process that only
+decodes never imports torch:
+
+- int8: the rows and scales of the directory's prepared cache (`.laplace-int8-rows-v1`,
+  written by the first int8 load; valid only for the weights file it was made from), read by
+  `laplace_matmul_i8` for a decode row, and widened to fp32 a matrix at a time for numpy's
+  GEMM over a prefill's rows; the activations and sums stay fp32 (`quant.Int8Linear` rounds
+  both to bf16: the two agree to ~2^-8, the torch step stays the reference);
+- fp32: the weights file itself, mapped; every matmul is numpy's.
+
+The state is the torch state's tensors under the same names and shapes (`config.state_spec`)
+as numpy arrays, plus the count of tokens read. What it does not cover (memory slots, other
+mixers, biases, a missing or stale int8 cache) raises `EngineUnavailable`: the torch runtime
+runs those. The torch path's forward and step stay the reference it is tested against
+(tests/runtime/test_native_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.runtime import native
+from agent.runtime.config import LaplaceConfig
+from agent.runtime.files import file_identity
+
+INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
+INT8_SCHEME = "int8-rows-v1"
+GATED_EPS = 1e-6  # window_decode.GATED_EPS (tested equal)
+PREFILL_CHUNK = 512  # rows per prefill pass: activations stay a few MB at any prompt length
+FEW_ROWS = 8  # up to this many rows, an int8 matmul reads the int8 rows directly
+_NP = {"F32": np.float32, "I8": np.int8, "I64": np.int64, "U8": np.uint8, "F16": np.float16}
+
+
+class EngineUnavailable(Exception):
+    """This model or directory cannot run on the torch-free engine; the message says why."""
+
+
+class Mapped:
+    """A safetensors file mapped read-only: `array(name)` is a numpy view of its bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise EngineUnavailable(f"{path}: too short to be safetensors")
+            n = int.from_bytes(head, "little")
+            if n > os.fstat(f.fileno()).st_size - 8:
+                raise EngineUnavailable(f"{path}: its header runs past the end of the file (truncated?)")
+            header = json.loads(f.read(n))
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.meta: dict[str, str] = header.pop("__metadata__", None) or {}
+        self.base = 8 + n
+        self.infos: dict[str, dict[str, Any]] = header
+
+    def array(self, name: str) -> np.ndarray:
+        info = self.infos.get(name)
+        if info is None:
+            raise EngineUnavailable(f"{self.path.name} has no tensor {name!r}")
+        if info["dtype"] not in _NP:
+            raise EngineUnavailable(f"{self.path.name}: {name} is {info['dtype']}, which the engine does not read")
+        lo, hi = info["data_offsets"]
+        dtype = np.dtype(_NP[info["dtype"]])
+        if self.base + hi > len(self.map) or hi - lo != dtype.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
+            raise EngineUnavailable(f"{self.path.name}: {name}'s bytes do not fit the file (truncated?)")
+        return np.frombuffer(self.map, dtype=dtype, count=(hi - lo) // dtype.itemsize, offset=self.base + lo).reshape(info["shape"])
+
+
+@dataclass
+class Matrix:
+    """One bias-free projection [N, K]: int8 rows and their scales, or fp32."""
+
+    weight: np.ndarray
+    scale: np.ndarray | None
+
+    @property
+    def rows(self) -> int:
+        return self.weight.shape[0]
+
+    def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+        """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's few rows, numpy else."""
+        if self.scale is None:
+            np.matmul(x, self.weight.T, out=out)
+        elif x.shape[0] <= FEW_ROWS:
+            lib.laplace_matmul_i8(x.ctypes.data, x.shape[0], x.shape[1], self.weight.ctypes.data, self.scale.ctypes.data,
+                                  self.rows, out.ctypes.data, out.strides[0] // 4, threads)
+        else:
+            np.matmul(x, self.weight.astype(np.float32).T, out=out)  # int8 -> fp32 is exact
+            out *= self.scale
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    q: Matrix
+    k: Matrix
+    v: Matrix
+    o: Matrix
+    gate: Matrix  # w1
+    up: Matrix  # w3
+    down: Matrix  # w2
+    branch: dict[str, np.ndarray]  # decay_w, decay_b, mix, q_map, k_map (fp32, contiguous; empty: no branch)
+
+
+class EngineState:
+    """The recurrent state of one sequence: the torch state's layer tensors by name ([L, 1, ...]
+    fp32, `config.state_spec`) and the count of tokens read."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], positions: int = 0) -> None:
+        self.tensors = tensors
+        self.positions = positions
+
+    def clone(self) -> "EngineState":
+        return EngineState({n: t.copy() for n, t in self.tensors.items()}, self.positions)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def rope_cos_sin(positions: np.ndarray, dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """`layers.rope_cos_sin` in numpy: fp32 inverse frequencies and angles, halves repeated."""
+    inv = np.float32(1.0) / (np.float32(theta) ** (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)))
+    ang = positions.astype(np.float32)[..., None] * inv
+    emb = np.concatenate([ang, ang], -1)
+    return np.cos(emb), np.sin(emb)
+
+
+def step_tables(S: int, W: int, D: int, theta: float) -> tuple[np.ndarray, ...]:
+    """`window_decode.step_tables`'s cos3, sin3, row and bias (see there), for the kernel."""
+    t = np.arange(S + 2 * W)[:, None]
+    slot_t = np.where(t < S, t, S + (t - S) % W)
+    angles = np.concatenate([np.minimum(t, S + W - 1), slot_t, slot_t + W], 1)
+    cos, sin = rope_cos_sin(angles, D, theta)
+    sign = np.concatenate([-np.ones(D // 2, np.float32), np.ones(D // 2, np.float32)])
+    s = np.arange(S + W)[None, :]
+    sink = s < S
+    p = np.where(s <= slot_t, t - (slot_t - s), t - (slot_t - s) - W)
+    valid = np.where(sink, s <= t, p >= S)
+    row = np.where(sink, 0, np.where(s <= slot_t, 1, 2)).astype(np.int64)
+    bias = np.where(valid, 0.0, -np.inf).astype(np.float32)
+    return (np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin * sign, np.float32),
+            np.ascontiguousarray(row), np.ascontiguousarray(bias))
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + np.float32(eps)) * w
+
+
+class Engine:
+    """A loaded model: `new_state()`, `prefill(ids, state)` and `step(token, state)` -> logits."""
+
+    def __init__(self, config: LaplaceConfig, layers: list[Layer], embed: Matrix, head: Matrix, norm: np.ndarray,
+                 threads: int, files: list[Mapped]) -> None:
+        lib = native.library()
+        if lib is None:
+            raise EngineUnavailable(f"the C kernels are not available: {native.status()}")
+        self.lib, self.config, self.layers, self.embed, self.head, self.norm = lib, config, layers, embed, head, norm
+        self.threads = threads
+        self.files = files  # the mappings every array above views
+        c = config
+        self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
+        self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
+
+    # ---- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, model_dir: str | Path, *, weights: str = "int8", threads: int = 2) -> "Engine":
+        """The model in `model_dir` with int8 (the prepared cache) or fp32 weights."""
+        root = Path(model_dir)
+        try:
+            meta = json.loads((root / "config.json").read_text(encoding="utf-8"))
+            config = LaplaceConfig.from_dict(meta["model"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise EngineUnavailable(f"{root}: no readable config.json ({e})") from None
+        c = config
+        why = cls.unsupported(c)
+        if why:
+            raise EngineUnavailable(why)
+        if weights not in ("int8", "fp32"):
+            raise EngineUnavailable(f"weights must be int8 or fp32, got {weights!r}")
+        file = root / "model.safetensors"
+        try:
+            full = Mapped(file)
+        except (OSError, ValueError) as e:
+            raise EngineUnavailable(f"{file}: not readable ({e})") from None
+        if any(n.endswith(".bias") for n in full.infos):
+            raise EngineUnavailable("a projection with a bias: the engine runs bias-free models only")
+        files = [full]
+        if weights == "int8":
+            try:
+                q = Mapped(root / INT8_CACHE)
+            except (OSError, ValueError) as e:
+                raise EngineUnavailable(f"no int8 cache in {root} ({e}); one int8 load with the torch runtime writes it") from None
+            if q.meta.get("scheme") != INT8_SCHEME or q.meta.get("source") != file_identity(file):
+                raise EngineUnavailable(f"{root / INT8_CACHE} was made from another weights file; one int8 load with the torch runtime writes it again")
+            files.append(q)
+
+        def matrix(name: str) -> Matrix:
+            if weights == "int8":
+                return Matrix(files[1].array(name + ".weight"), np.ascontiguousarray(files[1].array(name + ".scale")))
+            w = full.array(name + ".weight")
+            if w.dtype != np.float32:
+                raise EngineUnavailable(f"{name} is {w.dtype}, not float32")
+            return Matrix(w, None)
+
+        def f32(name: str) -> np.ndarray:
+            return np.ascontiguousarray(full.array(name), dtype=np.float32)
+
+        layers = []
+        for i in range(c.n_layers):
+            p = f"blocks.{i}."
+            branch: dict[str, np.ndarray] = {}
+            if c.gla_branch:
+                b = p + "attn.gla_branch."
+                branch = {"decay_w": f32(b + "decay_weight"), "decay_b": f32(b + "decay_bias"),
+                          "mix": f32(b + ("log_beta" if c.combine == "softmax" else "gate"))}
+                if c.feature_map != "elu":
+                    branch |= {"q_map": f32(b + "q_map"), "k_map": f32(b + "k_map")}
+            layers.append(Layer(f32(p + "attn_norm.weight"), f32(p + "ffn_norm.weight"),
+                                *(matrix(p + f"attn.{n}_proj") for n in "qkvo"),
+                                *(matrix(p + f"ffn.{n}") for n in ("w1", "w3", "w2")), branch))
+        embed = matrix("embed")
+        head = embed if c.tie_embeddings else matrix("lm_head")
+        return cls(config, layers, embed, head, f32("norm.weight"), threads, files)
+
+    @staticmethod
+    def unsupported(c: LaplaceConfig) -> str | None:
+        """Why the engine cannot run a model of config `c`, or None."""
+        if c.mixer != "window":
+            return f"the engine runs window-mixer models; this one's mixer is {c.mixer}"
+        if c.memory_slots:
+            return "the engine has no memory slots (window.memory_slots); the torch runtime runs them"
+        if not c.ffn_dim or c.head_k_dim != c.head_v_dim or c.kv_heads > 64:
+            return "the engine needs a GLU feed-forward, equal key and value head sizes, and at most 64 kv heads"
+        return None
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """`config.state_spec(1)` without "pos" (which the engine keeps as an int): spelled
+        out here, since the mixers that declare it import torch (tested equal)."""
+        c = self.config
+        ring = (c.n_layers, 1, c.kv_heads, c.sinks + c.window, c.head_k_dim)
+        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
+        if c.gla_branch:
+            spec["gla"] = ((c.n_layers, 1, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
+        return spec
+
+    def new_state(self) -> EngineState:
+        return EngineState({n: np.zeros(shape, dtype=dtype) for n, (shape, dtype) in self.state_spec().items()})
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        rows = self.embed.weight[ids].astype(np.float32)
+        return rows * self.embed.scale[ids][:, None] if self.embed.scale is not None else rows
+
+    def _window(self, i: int, t0: int, qkv: np.ndarray, xin: np.ndarray, y: np.ndarray, state: EngineState) -> None:
+        c, L = self.config, self.layers[i]
+        cos3, sin3, row, bias = self.tables
+        wk, wv = state.tensors["win_k"][i], state.tensors["win_v"][i]
+        T = qkv.shape[0]
+        args: list[Any] = [qkv.ctypes.data, 0, None, qkv.strides[0] // 4, wk.ctypes.data, wv.ctypes.data,
+                           cos3.ctypes.data, sin3.ctypes.data, row.ctypes.data, bias.ctypes.data,
+                           t0, T, c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window]
+        br = L.branch
+        if not br:
+            args += [None, xin.ctypes.data, xin.strides[0] // 4, c.d_model, None, None, None, None, 0, 1.0, None, 1.0, 0,
+                     GATED_EPS]
+        else:
+            qm, km = br.get("q_map"), br.get("k_map")
+            args += [state.tensors["gla"][i].ctypes.data, xin.ctypes.data, xin.strides[0] // 4, c.d_model,
+                     br["decay_w"].ctypes.data, br["decay_b"].ctypes.data, None if qm is None else qm.ctypes.data,
+                     None if km is None else km.ctypes.data, 0 if qm is None else qm.shape[-1], float(c.gate_normalizer),
+                     br["mix"].ctypes.data, c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"),
+                     GATED_EPS]
+        if self.lib.laplace_window(*args, y.ctypes.data, y.strides[0] // 4, self.threads) != 0:
+            raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
+
+    def prefill(self, ids: list[int] | np.ndarray, state: EngineState) -> np.ndarray:
+        """Reads `ids` into `state` (in place) and returns the last token's logits [vocab]."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError("prefill takes one non-empty row of token ids")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"a token id is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        for at in range(0, ids.size, PREFILL_CHUNK):
+            x = self._rows(ids[at : at + PREFILL_CHUNK], state)
+        return self._head(x[-1:])[0]
+
+    def _rows(self, ids: np.ndarray, state: EngineState) -> np.ndarray:
+        c, lib, n = self.config, self.lib, self.threads
+        T = ids.size
+        x = self._embed(ids)
+        kv = c.kv_heads * c.head_k_dim
+        qkv = np.empty((T, c.key_dim + 2 * kv), np.float32)
+        y = np.empty((T, c.value_dim), np.float32)
+        o = np.empty((T, c.d_model), np.float32)
+        g = np.empty((T, c.ffn_dim), np.float32)
+        u = np.empty((T, c.ffn_dim), np.float32)
+        for i, L in enumerate(self.layers):
+            h = np.ascontiguousarray(_rms_norm(x, L.attn_norm, c.norm_eps))
+            L.q.into(lib, h, qkv[:, : c.key_dim], n)
+            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n)
+            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n)
+            self._window(i, state.positions, qkv, h, y, state)
+            L.o.into(lib, y, o, n)
+            x += o
+            h = np.ascontiguousarray(_rms_norm(x, L.ffn_norm, c.norm_eps))
+            L.gate.into(lib, h, g, n)
+            L.up.into(lib, h, u, n)
+            a = g / (np.float32(1.0) + np.exp(-g)) * u
+            L.down.into(lib, a, o, n)
+            x += o
+        state.positions += T
+        return x
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        h = np.ascontiguousarray(_rms_norm(x, self.norm, self.norm_eps), dtype=np.float32)
+        out = np.empty((h.shape[0], self.head.rows), np.float32)
+        self.head.into(self.lib, h, out, self.threads)
+        return out
+
+    def step(self, token: int, state: EngineState) -> np.ndarray:
+        """One token into `state` (in place): its logits [vocab]. The decode step: every call
+        but the embedding row is a C kernel (the matmuls too with int8 weights)."""
+        c, lib, n = self.config, self.lib, self.threads
+        if not 0 <= token < c.vocab_size:
+            raise ValueError(f"token {token} is outside the vocabulary (0..{c.vocab_size - 1})")
+        d, f = c.d_model, c.ffn_dim
+        kv = c.kv_heads * c.head_k_dim
+        x = self._embed(np.array([token]))
+        h = np.empty((1, d), np.float32)
+        qkv = np.empty((1, c.key_dim + 2 * kv), np.float32)
+        y = np.empty((1, c.value_dim), np.float32)
+        gu = np.empty((1, 2 * f), np.float32)
+        a = np.empty((1, f), np.float32)
+        prev = np.empty((1, d), np.float32)
+        xp, hp, pp = x.ctypes.data, h.ctypes.data, prev.ctypes.data
+        for i, L in enumerate(self.layers):
+            lib.laplace_add_norm(xp, None if i == 0 else pp, 0, None, d, L.attn_norm.ctypes.data, c.norm_eps, hp, None, 0)
+            L.q.into(lib, h, qkv[:, : c.key_dim], n)
+            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n)
+            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n)
+            self._window(i, state.positions, qkv, h, y, state)
+            L.o.into(lib, y, prev, n)
+            lib.laplace_add_norm(xp, pp, 0, None, d, L.ffn_norm.ctypes.data, c.norm_eps, hp, None, 0)
+            L.gate.into(lib, h, gu[:, :f], n)
+            L.up.into(lib, h, gu[:, f:], n)
+            lib.laplace_silu_mul(gu.ctypes.data, 0, None, f, a.ctypes.data, 0)
+            L.down.into(lib, a, prev, n)
+        lib.laplace_add_norm(xp, pp, 0, None, d, self.norm.ctypes.data, self.norm_eps, hp, None, 0)
+        out = np.empty((1, self.head.rows), np.float32)
+        self.head.into(lib, h, out, n)
+        state.positions += 1
+        return out[0]
