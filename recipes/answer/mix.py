@@ -149,9 +149,10 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
 
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
-             ) -> list[Message] | None:
+             anchor_details: int = 1) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update" or "anchor"); None when a recall
-    block would not hold an answer the reply gives (the caller draws again)."""
+    block would not hold an answer the reply gives (the caller draws again). An anchor that
+    is not a fresh chat states 1 to `anchor_details` details before its everyday request."""
     talk = _Talk(rng)
     msgs: list[Message] = [{"role": "system", "content": ""}]
     taken: set[str] = set()
@@ -161,7 +162,10 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         for req, reply in rng.sample(list(anchors), rng.choice((1, 1, 2))):
             msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
         return msgs
-    k = 1 if kind == "anchor" else rng.choice((1, 2, 2, 3, 4))
+    if kind == "anchor":
+        k = rng.randint(1, anchor_details) if anchor_details > 1 else 1  # 1: draws as mix3c's did
+    else:
+        k = rng.choice((1, 2, 2, 3, 4))
     stated = _pick(rng, concepts, k)
     facts = {c.name: (c, _value(rng, c.kind, taken)) for c in stated}
     # The statements, in order, as (concept, value, text); an update restates one later.
@@ -223,7 +227,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
-              gap: tuple[int, int] = GAP_TOKENS) -> list[tuple[str, list[Message]]]:
+              gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (longer draws are drawn again); no
     "anchor" kind without anchors."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -234,7 +238,8 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     out: list[tuple[str, list[Message]]] = []
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
-        msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap)
+        msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
+                        anchor_details=anchor_details)
         if msgs is not None and size(msgs) <= MAX_TOKENS:
             out.append((kind, msgs))
     return out
@@ -320,7 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-share", type=float, default=KIND_SHARES["window"], help="share of window dialogues")
     ap.add_argument("--gap", default=f"{GAP_TOKENS[0]},{GAP_TOKENS[1]}", metavar="LO,HI",
                     help=f"tokens of small talk between the statements and the first question in window dialogues (default {GAP_TOKENS[0]},{GAP_TOKENS[1]})")
+    ap.add_argument("--anchor-details", type=int, default=1, metavar="K",
+                    help="an anchor that is not a fresh chat states 1 to K details before its request (default 1)")
     a = ap.parse_args(argv)
+    if not 1 <= a.anchor_details <= 4:
+        ap.error(f"--anchor-details {a.anchor_details}: give 1 to 4")
     try:
         lo, hi = (int(x) for x in a.gap.split(","))
         if not 0 <= lo <= hi <= WINDOW_REACH:
@@ -330,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
-                           gap=(lo, hi))))
+                           gap=(lo, hi), anchor_details=a.anchor_details)))
 
 
 if __name__ == "__main__":
