@@ -86,9 +86,10 @@ class Matrix:
     weight: np.ndarray
     scale: np.ndarray | None
 
-    @property
-    def rows(self) -> int:
-        return self.weight.shape[0]
+    def __post_init__(self) -> None:
+        self.rows, self.cols = self.weight.shape
+        self.w_ptr = self.weight.ctypes.data  # the step passes these to C as they are
+        self.s_ptr = None if self.scale is None else self.scale.ctypes.data
 
     def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's few rows, numpy else."""
@@ -114,6 +115,9 @@ class Layer:
     up: Matrix  # w3
     down: Matrix  # w2
     branch: dict[str, np.ndarray]  # decay_w, decay_b, mix, q_map, k_map (fp32, contiguous; empty: no branch)
+
+    def __post_init__(self) -> None:
+        self.norm_ptrs = (self.attn_norm.ctypes.data, self.ffn_norm.ctypes.data)
 
 
 class EngineState:
@@ -174,6 +178,7 @@ class Engine:
         self.files = files  # the mappings every array above views
         c = config
         self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
+        self.static = [self._window_args(i) for i in range(c.n_layers)]
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
 
     # ---- loading ----------------------------------------------------------------------------
@@ -268,26 +273,31 @@ class Engine:
         rows = self.embed.weight[ids].astype(np.float32)
         return rows * self.embed.scale[ids][:, None] if self.embed.scale is not None else rows
 
-    def _window(self, i: int, t0: int, qkv: np.ndarray, xin: np.ndarray, y: np.ndarray, state: EngineState) -> None:
-        c, L = self.config, self.layers[i]
+    def _window_args(self, i: int) -> tuple[list[Any], list[Any]]:
+        """laplace_window's arguments for layer i that never change: those after the ring
+        (tables, shapes) and those after the branch state (its parameters), as ints."""
+        c, br = self.config, self.layers[i].branch
         cos3, sin3, row, bias = self.tables
-        wk, wv = state.tensors["win_k"][i], state.tensors["win_v"][i]
-        T = qkv.shape[0]
-        args: list[Any] = [qkv.ctypes.data, 0, None, qkv.strides[0] // 4, wk.ctypes.data, wv.ctypes.data,
-                           cos3.ctypes.data, sin3.ctypes.data, row.ctypes.data, bias.ctypes.data,
-                           t0, T, c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window]
-        br = L.branch
+        mid = [cos3.ctypes.data, sin3.ctypes.data, row.ctypes.data, bias.ctypes.data]
+        shape = [c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window]
         if not br:
-            args += [None, xin.ctypes.data, xin.strides[0] // 4, c.d_model, None, None, None, None, 0, 1.0, None, 1.0, 0,
-                     GATED_EPS]
+            tail = [c.d_model, None, None, None, None, 0, 1.0, None, 1.0, 0, GATED_EPS]
         else:
             qm, km = br.get("q_map"), br.get("k_map")
-            args += [state.tensors["gla"][i].ctypes.data, xin.ctypes.data, xin.strides[0] // 4, c.d_model,
-                     br["decay_w"].ctypes.data, br["decay_b"].ctypes.data, None if qm is None else qm.ctypes.data,
-                     None if km is None else km.ctypes.data, 0 if qm is None else qm.shape[-1], float(c.gate_normalizer),
-                     br["mix"].ctypes.data, c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"),
-                     GATED_EPS]
-        if self.lib.laplace_window(*args, y.ctypes.data, y.strides[0] // 4, self.threads) != 0:
+            tail = [c.d_model, br["decay_w"].ctypes.data, br["decay_b"].ctypes.data, None if qm is None else qm.ctypes.data,
+                    None if km is None else km.ctypes.data, 0 if qm is None else qm.shape[-1], float(c.gate_normalizer),
+                    br["mix"].ctypes.data, c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
+        return mid, [shape, tail]
+
+    def _window(self, i: int, t0: int, qkv: np.ndarray, xin: np.ndarray, y: np.ndarray, state: EngineState) -> None:
+        """The window mixer of layer i over the rows of qkv (fp32), from position t0: y
+        written, the layer's ring (and branch state) advanced in place."""
+        mid, (shape, tail) = self.static[i]
+        gla = state.tensors.get("gla")
+        if self.lib.laplace_window(qkv.ctypes.data, 0, None, qkv.strides[0] // 4, state.tensors["win_k"][i].ctypes.data,
+                                   state.tensors["win_v"][i].ctypes.data, *mid, t0, qkv.shape[0], *shape,
+                                   None if gla is None else gla[i].ctypes.data, xin.ctypes.data, xin.strides[0] // 4,
+                                   *tail, y.ctypes.data, y.strides[0] // 4, self.threads) != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 
     def prefill(self, ids: list[int] | np.ndarray, state: EngineState) -> np.ndarray:
@@ -336,33 +346,52 @@ class Engine:
 
     def step(self, token: int, state: EngineState) -> np.ndarray:
         """One token into `state` (in place): its logits [vocab]. The decode step: every call
-        but the embedding row is a C kernel (the matmuls too with int8 weights)."""
+        but the embedding row is a C kernel (the matmuls too with int8 weights), with the
+        arrays' addresses taken once per step (a numpy call costs more than a layer's norm)."""
         c, lib, n = self.config, self.lib, self.threads
         if not 0 <= token < c.vocab_size:
             raise ValueError(f"token {token} is outside the vocabulary (0..{c.vocab_size - 1})")
-        d, f = c.d_model, c.ffn_dim
+        d, f, nq = c.d_model, c.ffn_dim, c.key_dim
         kv = c.kv_heads * c.head_k_dim
         x = self._embed(np.array([token]))
         h = np.empty((1, d), np.float32)
-        qkv = np.empty((1, c.key_dim + 2 * kv), np.float32)
+        qkv = np.empty((1, nq + 2 * kv), np.float32)
         y = np.empty((1, c.value_dim), np.float32)
         gu = np.empty((1, 2 * f), np.float32)
         a = np.empty((1, f), np.float32)
         prev = np.empty((1, d), np.float32)
-        xp, hp, pp = x.ctypes.data, h.ctypes.data, prev.ctypes.data
+        xp = x.ctypes.data
+        # (array, address) of each operand: C takes the address, numpy (fp32 weights) the array.
+        H, Y, A, P = ((t, t.ctypes.data) for t in (h, y, a, prev))
+        Q, K, V = ((v, v.ctypes.data) for v in (qkv[:, :nq], qkv[:, nq : nq + kv], qkv[:, nq + kv :]))
+        G, U = ((v, v.ctypes.data) for v in (gu[:, :f], gu[:, f:]))
+        wk, wv, gla = state.tensors["win_k"], state.tensors["win_v"], state.tensors.get("gla")
+        kp, vp, sp = wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data
+        ring, branch = wk.strides[0], None if gla is None else gla.strides[0]
+        t = state.positions
+
+        def mm(m: Matrix, src: tuple[np.ndarray, int], dst: tuple[np.ndarray, int]) -> None:
+            if m.s_ptr is not None:
+                lib.laplace_matmul_i8(src[1], 1, m.cols, m.w_ptr, m.s_ptr, m.rows, dst[1], m.rows, n)
+            else:  # fp32: numpy's GEMV (OpenBLAS) on the mapped weights
+                np.matmul(src[0], m.weight.T, out=dst[0])
+
         for i, L in enumerate(self.layers):
-            lib.laplace_add_norm(xp, None if i == 0 else pp, 0, None, d, L.attn_norm.ctypes.data, c.norm_eps, hp, None, 0)
-            L.q.into(lib, h, qkv[:, : c.key_dim], n)
-            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n)
-            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n)
-            self._window(i, state.positions, qkv, h, y, state)
-            L.o.into(lib, y, prev, n)
-            lib.laplace_add_norm(xp, pp, 0, None, d, L.ffn_norm.ctypes.data, c.norm_eps, hp, None, 0)
-            L.gate.into(lib, h, gu[:, :f], n)
-            L.up.into(lib, h, gu[:, f:], n)
-            lib.laplace_silu_mul(gu.ctypes.data, 0, None, f, a.ctypes.data, 0)
-            L.down.into(lib, a, prev, n)
-        lib.laplace_add_norm(xp, pp, 0, None, d, self.norm.ctypes.data, self.norm_eps, hp, None, 0)
+            mid, (shape, tail) = self.static[i]
+            lib.laplace_add_norm(xp, None if i == 0 else P[1], 0, None, d, L.norm_ptrs[0], c.norm_eps, H[1], None, 0)
+            mm(L.q, H, Q)
+            mm(L.k, H, K)
+            mm(L.v, H, V)
+            if lib.laplace_window(Q[1], 0, None, 0, kp + i * ring, vp + i * ring, *mid, t, 1, *shape,
+                                  None if sp is None else sp + i * branch, H[1], 0, *tail, Y[1], 0, 1) != 0:
+                raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
+            mm(L.o, Y, P)
+            lib.laplace_add_norm(xp, P[1], 0, None, d, L.norm_ptrs[1], c.norm_eps, H[1], None, 0)
+            mm(L.gate, H, G)
+            mm(L.up, H, U)
+            lib.laplace_silu_mul(G[1], 0, None, f, A[1], 0)
+            mm(L.down, A, P)
+        lib.laplace_add_norm(xp, P[1], 0, None, d, self.norm.ctypes.data, self.norm_eps, H[1], None, 0)
         out = np.empty((1, self.head.rows), np.float32)
         self.head.into(lib, h, out, n)
         state.positions += 1
