@@ -95,6 +95,60 @@ def test_a_prefill_equals_the_same_tokens_stepped(int8, kernels, tmp_path):
     assert a.positions == b.positions == 40
 
 
+@pytest.mark.parametrize("T, N, K, threads", [(1, 13, 37, 1), (3, 13, 37, 2), (1, 230, 300, 2), (2, 230, 301, 2),
+                                              (1, 1031, 576, 2)])
+def test_the_int8_matmul_kernel_against_numpy(T, N, K, threads, kernels):
+    """Rows not a multiple of 4, widths not a multiple of 16 or 32, several rows, and the
+    split between the caller and the helper thread (from 64 K weights on), repeated so the
+    helper is reused; the sums in fp32 against float64."""
+    lib = native.library()
+    rng = np.random.default_rng(T * N + K)
+    w = rng.integers(-127, 128, (N, K), dtype=np.int8)
+    scale = rng.random(N, dtype=np.float32) / 64
+    for rep in range(3):
+        x = rng.standard_normal((T, K), dtype=np.float32)
+        out = np.full((T, N + 3), np.nan, np.float32)  # a row stride wider than N: columns N.. untouched
+        lib.laplace_matmul_i8(x.ctypes.data, T, K, w.ctypes.data, scale.ctypes.data, N, out.ctypes.data, N + 3, threads)
+        want = (x.astype(np.float64) @ w.T.astype(np.float64)) * scale
+        np.testing.assert_allclose(out[:, :N], want, rtol=1e-4, atol=1e-3)
+        assert np.isnan(out[:, N:]).all()
+
+
+def test_a_forked_child_gets_its_own_helper_thread(kernels):
+    """The helper thread does not survive fork: a child that splits a matmul must not wait
+    on it forever (the library starts a new one there)."""
+    lib = native.library()
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (512, 256), dtype=np.int8)
+    scale = np.ones(512, np.float32)
+    x = rng.standard_normal((1, 256), dtype=np.float32)
+    out = np.empty((1, 512), np.float32)
+    lib.laplace_matmul_i8(x.ctypes.data, 1, 256, w.ctypes.data, scale.ctypes.data, 512, out.ctypes.data, 512, 2)
+    want = out.copy()
+    pid = os.fork()
+    if pid == 0:  # the child: the same call, then exit with whether it matched
+        try:
+            out[:] = 0
+            lib.laplace_matmul_i8(x.ctypes.data, 1, 256, w.ctypes.data, scale.ctypes.data, 512, out.ctypes.data, 512, 2)
+            os._exit(0 if np.array_equal(out, want) else 1)
+        finally:
+            os._exit(2)
+    deadline = 50
+    import time
+
+    while deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+        deadline -= 1
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the matmul's helper thread")
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_long_prefill_runs_in_chunks(kernels, tmp_path, monkeypatch):
     """Prompts longer than a pass are read a chunk at a time with the same result."""
     import agent.runtime.native.engine as eng
@@ -137,6 +191,9 @@ def test_what_the_engine_cannot_run_says_why(kernels, tmp_path):
         Engine.load(d, weights="int8")
     (d / INT8_CACHE).write_bytes(b"\x10\x00")
     with pytest.raises(EngineUnavailable, match="too short"):
+        Engine.load(d, weights="int8")
+    (d / INT8_CACHE).write_bytes((10).to_bytes(8, "little") + b'{"a": 1}  ')
+    with pytest.raises(EngineUnavailable, match="header is not readable"):
         Engine.load(d, weights="int8")
     mem, _ = saved(tmp_path / "m", False, combine="softmax", memory_slots=4, memory_policy="novelty")
     with pytest.raises(EngineUnavailable, match="memory slots"):

@@ -60,9 +60,18 @@ class Mapped:
             n = int.from_bytes(head, "little")
             if n > os.fstat(f.fileno()).st_size - 8:
                 raise EngineUnavailable(f"{path}: its header runs past the end of the file (truncated?)")
-            header = json.loads(f.read(n))
+            try:
+                header = json.loads(f.read(n))
+                meta = header.pop("__metadata__", None) or {}
+                for info in header.values():
+                    lo, hi = info["data_offsets"]
+                    info["dtype"], info["shape"] = str(info["dtype"]), [int(x) for x in info["shape"]]
+                    if not 0 <= lo <= hi:
+                        raise ValueError
+            except (ValueError, TypeError, KeyError, AttributeError):
+                raise EngineUnavailable(f"{path}: its safetensors header is not readable (damaged?)") from None
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.meta: dict[str, str] = header.pop("__metadata__", None) or {}
+        self.meta: dict[str, str] = meta
         self.base = 8 + n
         self.infos: dict[str, dict[str, Any]] = header
 
@@ -91,15 +100,19 @@ class Matrix:
         self.w_ptr = self.weight.ctypes.data  # the step passes these to C as they are
         self.s_ptr = None if self.scale is None else self.scale.ctypes.data
 
-    def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's few rows, numpy else."""
+    def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray | None = None) -> None:
+        """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's few rows, numpy
+        else (int8 widened to fp32 first, exactly, into `scratch` when given: one buffer
+        reused rather than a fresh allocation's page faults per matrix)."""
         if self.scale is None:
             np.matmul(x, self.weight.T, out=out)
         elif x.shape[0] <= FEW_ROWS:
-            lib.laplace_matmul_i8(x.ctypes.data, x.shape[0], x.shape[1], self.weight.ctypes.data, self.scale.ctypes.data,
-                                  self.rows, out.ctypes.data, out.strides[0] // 4, threads)
+            lib.laplace_matmul_i8(x.ctypes.data, x.shape[0], x.shape[1], self.w_ptr, self.s_ptr, self.rows, out.ctypes.data,
+                                  out.strides[0] // 4, threads)
         else:
-            np.matmul(x, self.weight.astype(np.float32).T, out=out)  # int8 -> fp32 is exact
+            wide = np.empty(self.weight.shape, np.float32) if scratch is None else scratch[: self.weight.size].reshape(self.weight.shape)
+            np.copyto(wide, self.weight, casting="unsafe")
+            np.matmul(x, wide.T, out=out)
             out *= self.scale
 
 
@@ -118,6 +131,9 @@ class Layer:
 
     def __post_init__(self) -> None:
         self.norm_ptrs = (self.attn_norm.ctypes.data, self.ffn_norm.ctypes.data)
+
+    def matrices(self) -> tuple[Matrix, ...]:
+        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
 
 
 class EngineState:
@@ -321,19 +337,22 @@ class Engine:
         o = np.empty((T, c.d_model), np.float32)
         g = np.empty((T, c.ffn_dim), np.float32)
         u = np.empty((T, c.ffn_dim), np.float32)
+        wide = None  # int8 rows widened for numpy's GEMM: one buffer for every matrix of the pass
+        if self.embed.scale is not None and T > FEW_ROWS:
+            wide = np.empty(max(m.weight.size for m in self.layers[0].matrices()), np.float32)
         for i, L in enumerate(self.layers):
             h = np.ascontiguousarray(_rms_norm(x, L.attn_norm, c.norm_eps))
-            L.q.into(lib, h, qkv[:, : c.key_dim], n)
-            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n)
-            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n)
+            L.q.into(lib, h, qkv[:, : c.key_dim], n, wide)
+            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n, wide)
+            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n, wide)
             self._window(i, state.positions, qkv, h, y, state)
-            L.o.into(lib, y, o, n)
+            L.o.into(lib, y, o, n, wide)
             x += o
             h = np.ascontiguousarray(_rms_norm(x, L.ffn_norm, c.norm_eps))
-            L.gate.into(lib, h, g, n)
-            L.up.into(lib, h, u, n)
+            L.gate.into(lib, h, g, n, wide)
+            L.up.into(lib, h, u, n, wide)
             a = g / (np.float32(1.0) + np.exp(-g)) * u
-            L.down.into(lib, a, o, n)
+            L.down.into(lib, a, o, n, wide)
             x += o
         state.positions += T
         return x
