@@ -216,6 +216,8 @@ def summary_lines(p: Protocol, rounds: int, tools: LlamaCpp, default_dtype: str,
         "llama_cpp": f"llama-cpp-python {tools.version}'s vendored llama.cpp, {tools.root}",
         "load": load_line(verdict),
         "decode_kernels": f"laplace's C decode kernels: {native.status()}",
+        "native": f"'{ENGINE}' rows: the torch-free engine (agent/runtime/native/engine.py: numpy and the C kernels, "
+                  "no torch in the process); `laplace chat` and `laplace ask` still run the 'laplace' rows' torch runtime",
         "ratios_valid": "yes" if verdict["valid"] else "NO",
     }
     if mamba_reason:

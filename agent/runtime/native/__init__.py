@@ -52,7 +52,7 @@ ADD_NORM_ARGS = (_P, _P, _I, _P, _I, _P, _F, _P, _P, _I)  # x, y, y_bf16, y_scal
 SILU_MUL_ARGS = (_P, _I, _P, _I, _P, _I)  # gu, gu_bf16, gu_scale, n, out, out_bf16
 MATMUL_I8_ARGS = (_P, _L, _I, _P, _P, _I, _P, _L, _I)  # x, T, K, w, scale, N, out, out_stride, threads
 KERNELS = {"laplace_window": WINDOW_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS,
-           "laplace_matmul_i8": MATMUL_I8_ARGS}
+           "laplace_matmul_i8": MATMUL_I8_ARGS, "laplace_matmul_i8_vnni": ()}
 
 
 def cache_dir() -> Path:
@@ -159,7 +159,7 @@ def library() -> ctypes.CDLL | None:
         for name, argtypes in KERNELS.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = ctypes.c_int if name == "laplace_window" else None
+            fn.restype = ctypes.c_int if name in ("laplace_window", "laplace_matmul_i8_vnni") else None
     except (OSError, subprocess.SubprocessError) as e:
         _status = f"off: the kernel did not build or load ({e}); the torch step runs instead"
         return None

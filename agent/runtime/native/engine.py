@@ -26,11 +26,17 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+if "numpy" not in sys.modules:
+    # numpy's OpenBLAS keeps its idle threads spinning for ~2^28 cycles after each GEMM: in a
+    # prefill they took a core from the window kernel's second thread between the matmuls
+    # (fp32 prefill of 512 tokens: 2.18 s, 1.77 s with this). Read once, when OpenBLAS loads.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+import numpy as np  # noqa: E402
 
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
@@ -40,7 +46,7 @@ INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file
 INT8_SCHEME = "int8-rows-v1"
 GATED_EPS = 1e-6  # window_decode.GATED_EPS (tested equal)
 PREFILL_CHUNK = 512  # rows per prefill pass: activations stay a few MB at any prompt length
-FEW_ROWS = 8  # up to this many rows, an int8 matmul reads the int8 rows directly
+FEW_ROWS = 8  # up to this many rows, an int8 matmul reads the int8 rows directly (any number with VNNI)
 _NP = {"F32": np.float32, "I8": np.int8, "I64": np.int64, "U8": np.uint8, "F16": np.float16}
 
 
@@ -100,13 +106,14 @@ class Matrix:
         self.w_ptr = self.weight.ctypes.data  # the step passes these to C as they are
         self.s_ptr = None if self.scale is None else self.scale.ctypes.data
 
-    def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray | None = None) -> None:
-        """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's few rows, numpy
-        else (int8 widened to fp32 first, exactly, into `scratch` when given: one buffer
+    def into(self, lib: Any, x: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray | None = None,
+             c_rows: int = FEW_ROWS) -> None:
+        """out[T, N] = x[T, K] @ weight.T (times the scales): C for int8's rows up to `c_rows`,
+        numpy else (int8 widened to fp32 first, exactly, into `scratch` when given: one buffer
         reused rather than a fresh allocation's page faults per matrix)."""
         if self.scale is None:
             np.matmul(x, self.weight.T, out=out)
-        elif x.shape[0] <= FEW_ROWS:
+        elif x.shape[0] <= c_rows:
             lib.laplace_matmul_i8(x.ctypes.data, x.shape[0], x.shape[1], self.w_ptr, self.s_ptr, self.rows, out.ctypes.data,
                                   out.strides[0] // 4, threads)
         else:
@@ -195,6 +202,8 @@ class Engine:
         c = config
         self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
         self.static = [self._window_args(i) for i in range(c.n_layers)]
+        # With the VNNI form of the int8 matmul, a prefill's rows take it too (else numpy's GEMM).
+        self.c_rows = 1 << 30 if lib.laplace_matmul_i8_vnni() else FEW_ROWS
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
 
     # ---- loading ----------------------------------------------------------------------------
@@ -338,21 +347,22 @@ class Engine:
         g = np.empty((T, c.ffn_dim), np.float32)
         u = np.empty((T, c.ffn_dim), np.float32)
         wide = None  # int8 rows widened for numpy's GEMM: one buffer for every matrix of the pass
-        if self.embed.scale is not None and T > FEW_ROWS:
+        if self.embed.scale is not None and T > self.c_rows:
             wide = np.empty(max(m.weight.size for m in self.layers[0].matrices()), np.float32)
+        rows = self.c_rows
         for i, L in enumerate(self.layers):
             h = np.ascontiguousarray(_rms_norm(x, L.attn_norm, c.norm_eps))
-            L.q.into(lib, h, qkv[:, : c.key_dim], n, wide)
-            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n, wide)
-            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n, wide)
+            L.q.into(lib, h, qkv[:, : c.key_dim], n, wide, rows)
+            L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n, wide, rows)
+            L.v.into(lib, h, qkv[:, c.key_dim + kv :], n, wide, rows)
             self._window(i, state.positions, qkv, h, y, state)
-            L.o.into(lib, y, o, n, wide)
+            L.o.into(lib, y, o, n, wide, rows)
             x += o
             h = np.ascontiguousarray(_rms_norm(x, L.ffn_norm, c.norm_eps))
-            L.gate.into(lib, h, g, n, wide)
-            L.up.into(lib, h, u, n, wide)
-            a = g / (np.float32(1.0) + np.exp(-g)) * u
-            L.down.into(lib, a, o, n, wide)
+            L.gate.into(lib, h, g, n, wide, rows)
+            L.up.into(lib, h, u, n, wide, rows)
+            a = np.ascontiguousarray(g / (np.float32(1.0) + np.exp(-g)) * u)
+            L.down.into(lib, a, o, n, wide, rows)
             x += o
         state.positions += T
         return x
