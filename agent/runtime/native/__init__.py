@@ -52,7 +52,9 @@ ADD_NORM_ARGS = (_P, _P, _I, _P, _I, _P, _F, _P, _P, _I)  # x, y, y_bf16, y_scal
 SILU_MUL_ARGS = (_P, _I, _P, _I, _P, _I)  # gu, gu_bf16, gu_scale, n, out, out_bf16
 MATMUL_I8_ARGS = (_P, _L, _I, _P, _P, _I, _P, _L, _I)  # x, T, K, w, scale, N, out, out_stride, threads
 KERNELS = {"laplace_window": WINDOW_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS,
-           "laplace_matmul_i8": MATMUL_I8_ARGS, "laplace_matmul_i8_vnni": ()}
+           "laplace_matmul_i8": MATMUL_I8_ARGS, "laplace_matmul_i8_vnni": (),
+           "laplace_add_norm_rows": (_P, _P, _L, _I, _P, _F, _P),  # x, y, T, n, w, eps, out
+           "laplace_silu_mul_rows": (_P, _L, _I, _P)}  # gu, T, n, out
 
 
 def cache_dir() -> Path:

@@ -2,7 +2,8 @@
  *
  * laplace_window: the window mixer after the q/k/v projection for T tokens in a row
  *   (`window_decode.window_step_`'s math; T = 1 a decode step, more a prefill);
- * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle;
+ * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle
+ * (and their _rows forms for a prefill's rows);
  * laplace_matmul_i8: int8 weights times fp32 rows (`native/engine.py`, the torch-free runtime).
  *
  * With torch the matmuls stay torch's (`native/decode.py` runs them). Their activations are either fp32
@@ -119,6 +120,16 @@ void laplace_silu_mul(const void *gu, int gu_bf16, const float *gu_scale, int n,
     }
 }
 
+/* The two above over the T rows of a prefill (fp32 only; x, y, out [T, n], gu [T, 2n]): one
+ * call for all rows, and no temporaries (numpy's spelling of them made several [T, n] ones). */
+void laplace_add_norm_rows(float *x, const float *y, int64_t T, int n, const float *w, float eps, float *out) {
+    for (int64_t t = 0; t < T; t++) laplace_add_norm(x + t * n, y ? y + t * n : NULL, 0, NULL, n, w, eps, out + t * n, NULL, 0);
+}
+
+void laplace_silu_mul_rows(const float *gu, int64_t T, int n, float *out) {
+    for (int64_t t = 0; t < T; t++) laplace_silu_mul(gu + t * 2 * (int64_t)n, 0, NULL, n, out + t * n, 0);
+}
+
 /* out[t, n] = scale[n] * sum_k x[t, k] w[n, k] for the T rows of x [T, K] (fp32) and the rows
  * [n0, n1) of w [N, K] (int8): the torch-free engine's matmul for a decode row or a few (a
  * prefill's many rows widen the weights once and take numpy's GEMM instead). Sums and the
@@ -127,6 +138,21 @@ void laplace_silu_mul(const void *gu, int gu_bf16, const float *gu_scale, int n,
  * the CPU has: AVX-512 VNNI (below), plain AVX-512 (16 weights a step widened int8 -> int32
  * -> fp32, two fp32 sums per row; 9 G multiply-adds/s here), and a C loop (GCC left it
  * scalar: 4.6 G/s). */
+/* The plain loop: every CPU, and the VNNI form's fallback (K too large, no memory). */
+static void matmul_i8_plain(const float *x, int64_t T, int K, const int8_t *w, const float *scale, int n0, int n1,
+                            float *out, int64_t out_stride) {
+    for (int n = n0; n < n1; n++) {
+        const int8_t *wn = w + (int64_t)n * K;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * K;
+            float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+            for (int k = 0; k < K; k++) a += xt[k] * (float)wn[k];
+            out[t * out_stride + n] = a * scale[n];
+        }
+    }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 /* With AVX-512 VNNI: each row of x is rounded to int16 with its own scale (max |x| / 32767;
@@ -226,12 +252,7 @@ static void block1x4(const int16_t *q, float xs, const int8_t *w0, int K, int K3
 static void matmul_i8_rows(const float *x, int64_t T, int K, const int8_t *w, const float *scale, int n0, int n1,
                            float *out, int64_t out_stride) {
     if (K > MATMUL_VNNI_MAX_K) {
-        for (int n = n0; n < n1; n++)
-            for (int64_t t = 0; t < T; t++) {
-                float a = 0.0f;
-                for (int k = 0; k < K; k++) a += x[t * K + k] * (float)w[(int64_t)n * K + k];
-                out[t * out_stride + n] = a * scale[n];
-            }
+        matmul_i8_plain(x, T, K, w, scale, n0, n1, out, out_stride);
         return;
     }
     const int K32 = K & ~31;
@@ -244,12 +265,7 @@ static void matmul_i8_rows(const float *x, int64_t T, int K, const int8_t *w, co
     if (!q || !xs) { /* no memory for the rounded rows: the fp32 loop */
         if (q != one) free(q);
         if (xs != one_s) free(xs);
-        for (int n = n0; n < n1; n++)
-            for (int64_t t = 0; t < T; t++) {
-                float a = 0.0f;
-                for (int k = 0; k < K; k++) a += x[t * K + k] * (float)w[(int64_t)n * K + k];
-                out[t * out_stride + n] = a * scale[n];
-            }
+        matmul_i8_plain(x, T, K, w, scale, n0, n1, out, out_stride);
         return;
     }
     for (int64_t t = 0; t < T; t++) {
@@ -341,16 +357,7 @@ static void matmul_i8_rows(const float *x, int64_t T, int K, const int8_t *w, co
 #else
 static void matmul_i8_rows(const float *x, int64_t T, int K, const int8_t *w, const float *scale, int n0, int n1,
                            float *out, int64_t out_stride) {
-    for (int n = n0; n < n1; n++) {
-        const int8_t *wn = w + (int64_t)n * K;
-        for (int64_t t = 0; t < T; t++) {
-            const float *xt = x + t * K;
-            float a = 0.0f;
-#pragma omp simd reduction(+ : a)
-            for (int k = 0; k < K; k++) a += xt[k] * (float)wn[k];
-            out[t * out_stride + n] = a * scale[n];
-        }
-    }
+    matmul_i8_plain(x, T, K, w, scale, n0, n1, out, out_stride);
 }
 #endif
 

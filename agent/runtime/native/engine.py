@@ -45,7 +45,7 @@ from agent.runtime.files import file_identity
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
 GATED_EPS = 1e-6  # window_decode.GATED_EPS (tested equal)
-PREFILL_CHUNK = 512  # rows per prefill pass: activations stay a few MB at any prompt length
+PREFILL_CHUNK = 128  # rows per prefill pass: its activations stay ~4 MB at any prompt length
 FEW_ROWS = 8  # up to this many rows, an int8 matmul reads the int8 rows directly (any number with VNNI)
 _NP = {"F32": np.float32, "I8": np.int8, "I64": np.int64, "U8": np.uint8, "F16": np.float16}
 
@@ -182,10 +182,6 @@ def step_tables(S: int, W: int, D: int, theta: float) -> tuple[np.ndarray, ...]:
     bias = np.where(valid, 0.0, -np.inf).astype(np.float32)
     return (np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin * sign, np.float32),
             np.ascontiguousarray(row), np.ascontiguousarray(bias))
-
-
-def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + np.float32(eps)) * w
 
 
 class Engine:
@@ -333,45 +329,44 @@ class Engine:
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise ValueError(f"a token id is outside the vocabulary (0..{self.config.vocab_size - 1})")
         for at in range(0, ids.size, PREFILL_CHUNK):
-            x = self._rows(ids[at : at + PREFILL_CHUNK], state)
-        return self._head(x[-1:])[0]
+            h = self._rows(ids[at : at + PREFILL_CHUNK], state)
+        out = np.empty((1, self.head.rows), np.float32)
+        self.head.into(self.lib, np.ascontiguousarray(h[-1:]), out, self.threads)
+        return out[0]
 
     def _rows(self, ids: np.ndarray, state: EngineState) -> np.ndarray:
+        """The rows `ids` through every layer (the state advanced): their final-normed hidden
+        rows [T, d_model]. The norms and the GLU's middle are C over all rows at once."""
         c, lib, n = self.config, self.lib, self.threads
-        T = ids.size
-        x = self._embed(ids)
+        T, d, f = ids.size, c.d_model, c.ffn_dim
+        x = np.ascontiguousarray(self._embed(ids), dtype=np.float32)
         kv = c.kv_heads * c.head_k_dim
+        h = np.empty((T, d), np.float32)
         qkv = np.empty((T, c.key_dim + 2 * kv), np.float32)
         y = np.empty((T, c.value_dim), np.float32)
-        o = np.empty((T, c.d_model), np.float32)
-        g = np.empty((T, c.ffn_dim), np.float32)
-        u = np.empty((T, c.ffn_dim), np.float32)
+        o = np.empty((T, d), np.float32)
+        gu = np.empty((T, 2 * f), np.float32)
+        a = np.empty((T, f), np.float32)
+        xp, hp, op = x.ctypes.data, h.ctypes.data, o.ctypes.data
         wide = None  # int8 rows widened for numpy's GEMM: one buffer for every matrix of the pass
         if self.embed.scale is not None and T > self.c_rows:
             wide = np.empty(max(m.weight.size for m in self.layers[0].matrices()), np.float32)
         rows = self.c_rows
         for i, L in enumerate(self.layers):
-            h = np.ascontiguousarray(_rms_norm(x, L.attn_norm, c.norm_eps))
+            lib.laplace_add_norm_rows(xp, None if i == 0 else op, T, d, L.norm_ptrs[0], c.norm_eps, hp)
             L.q.into(lib, h, qkv[:, : c.key_dim], n, wide, rows)
             L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n, wide, rows)
             L.v.into(lib, h, qkv[:, c.key_dim + kv :], n, wide, rows)
             self._window(i, state.positions, qkv, h, y, state)
             L.o.into(lib, y, o, n, wide, rows)
-            x += o
-            h = np.ascontiguousarray(_rms_norm(x, L.ffn_norm, c.norm_eps))
-            L.gate.into(lib, h, g, n, wide, rows)
-            L.up.into(lib, h, u, n, wide, rows)
-            a = np.ascontiguousarray(g / (np.float32(1.0) + np.exp(-g)) * u)
+            lib.laplace_add_norm_rows(xp, op, T, d, L.norm_ptrs[1], c.norm_eps, hp)
+            L.gate.into(lib, h, gu[:, :f], n, wide, rows)
+            L.up.into(lib, h, gu[:, f:], n, wide, rows)
+            lib.laplace_silu_mul_rows(gu.ctypes.data, T, f, a.ctypes.data)
             L.down.into(lib, a, o, n, wide, rows)
-            x += o
+        lib.laplace_add_norm_rows(xp, op, T, d, self.norm.ctypes.data, self.norm_eps, hp)
         state.positions += T
-        return x
-
-    def _head(self, x: np.ndarray) -> np.ndarray:
-        h = np.ascontiguousarray(_rms_norm(x, self.norm, self.norm_eps), dtype=np.float32)
-        out = np.empty((h.shape[0], self.head.rows), np.float32)
-        self.head.into(self.lib, h, out, self.threads)
-        return out
+        return h
 
     def step(self, token: int, state: EngineState) -> np.ndarray:
         """One token into `state` (in place): its logits [vocab]. The decode step: every call
