@@ -159,7 +159,7 @@ def test_a_long_prefill_runs_in_chunks(kernels, tmp_path, monkeypatch):
     engine = Engine.load(d, weights="fp32")
     seq = ids(37)
     whole = engine.prefill(seq, s1 := engine.new_state())
-    monkeypatch.setattr(eng, "PREFILL_CHUNK", 8)
+    monkeypatch.setitem(eng.PREFILL_CHUNK, "fp32", 8)
     chunked = engine.prefill(seq, s2 := engine.new_state())
     np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(s2.tensors["gla"], s1.tensors["gla"], rtol=1e-5, atol=1e-5)
