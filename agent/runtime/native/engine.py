@@ -9,9 +9,10 @@ decodes never imports torch:
 
 - int8: the rows and scales of the directory's prepared cache (`.laplace-int8-rows-v1`,
   written by the first int8 load; valid only for the weights file it was made from), read by
-  `laplace_matmul_i8` for a decode row, and widened to fp32 a matrix at a time for numpy's
-  GEMM over a prefill's rows; the activations and sums stay fp32 (`quant.Int8Linear` rounds
-  both to bf16: the two agree to ~2^-8, the torch step stays the reference);
+  `laplace_matmul_i8` (with AVX-512 VNNI: activation rows rounded to int16, int32 sums; else
+  fp32 sums) for decode and, with VNNI, prefill rows; without VNNI a prefill widens them to
+  fp32 a matrix at a time for numpy's GEMM. `quant.Int8Linear` rounds activations and outputs
+  to bf16 instead: the two agree to ~2^-8, and the torch step stays the reference;
 - fp32: the weights file itself, mapped; every matmul is numpy's.
 
 The state is the torch state's tensors under the same names and shapes (`config.state_spec`)
