@@ -24,11 +24,19 @@ LONG = ["-o", "max_new_tokens", "20000", "-o", "temperature", "0"]
 
 @pytest.fixture
 def endless(tmp_path) -> str:
-    """The tiny model with its end-of-turn logit pinned at 0, so greedy replies run until
-    interrupted (an untrained model otherwise stops whenever <|end|> happens to win)."""
+    """The tiny model made to reply without end: its final norm keeps one channel, and the
+    LM head reads it as +1 for "a", -1 for "b" and 0 for every other token, so one of the
+    two always beats <|end|> (a logit pinned at 0 alone lost wherever every other logit was
+    negative, and a reply could end before the test's Ctrl-C landed)."""
     lm = load_model("tiny")
+    tok = lm.tokenizer
     with torch.no_grad():
-        lm.model.lm_head.weight[lm.tokenizer.token_id("<|end|>")] = 0.0
+        lm.model.norm.weight.zero_()
+        lm.model.norm.weight[0] = 1.0
+        head = lm.model.lm_head.weight
+        head.zero_()
+        head[tok.encode("a")[0], 0] = 1.0
+        head[tok.encode("b")[0], 0] = -1.0
     return str(save_model_dir(lm, tmp_path / "endless"))
 
 
