@@ -40,9 +40,18 @@ def endless(tmp_path) -> str:
     return str(save_model_dir(lm, tmp_path / "endless"))
 
 
+def _default_sigint() -> None:
+    # A child inherits SIGINT ignored or blocked from the test process (a background shell
+    # ignores it; a library may block it): then Ctrl-C never reaches its Python and the reply
+    # runs to its end (exit 0). Twice in full runs (never alone) all three attempts did that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def start_ask(home: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "LAPLACE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([LAPLACE, "ask", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([LAPLACE, "ask", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
 
 
 def wait_streaming(db: Path, timeout: float = 60) -> None:
