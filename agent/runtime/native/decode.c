@@ -380,7 +380,7 @@ static void matmul_job_run(struct matmul_job *j) {
 static struct {
     pthread_mutex_t mu, busy;
     pthread_cond_t cv;
-    volatile int posted, finished; /* job numbers, read and written with the builtins below */
+    volatile unsigned posted, finished; /* job numbers (wrapping), read and written with the builtins below */
     struct matmul_job job;
     int started;
 } helper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}, 0};
@@ -393,7 +393,7 @@ static inline void cpu_relax(void) {
 
 static void *helper_main(void *arg) {
     (void)arg;
-    int seen = 0;
+    unsigned seen = 0;
     for (;;) {
         int spins = 0;
         while (__atomic_load_n(&helper.posted, __ATOMIC_ACQUIRE) == seen) {
@@ -451,7 +451,7 @@ void laplace_matmul_i8(const float *x, int64_t T, int K, const int8_t *w, const 
     int split = (N / 2) & ~3;
     helper.job = (struct matmul_job){x, T, K, w, scale, split, N, out, out_stride};
     pthread_mutex_lock(&helper.mu);
-    int job = helper.posted + 1;
+    unsigned job = helper.posted + 1u;
     __atomic_store_n(&helper.posted, job, __ATOMIC_RELEASE);
     pthread_cond_signal(&helper.cv);
     pthread_mutex_unlock(&helper.mu);
