@@ -14,9 +14,9 @@ from torch import Tensor, nn
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.gla import gla_chunked, gla_step, gla_step_
 from agent.runtime.quant import Int8Linear, fuse_int8_
+from agent.runtime.state_spec import StateSpec
 
 
-StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
 
 
 def recurrent_state_spec(config: LaplaceConfig, batch: int) -> StateSpec:

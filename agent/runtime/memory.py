@@ -52,23 +52,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agent.runtime.layers import StateSpec
 
 MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")
 TWIN = 1e-4  # "novelty": a key within this cosine of a window key is a repeat (score 0); see above
 NOVELTY_SPAN = 8  # "novelty": window keys at most this many tokens after the leaving one are no twins; see above
 EMPTY = 0  # mem_pos of a slot that holds no token (its key, value and score are 0 too)
-
-
-def memory_spec(config, batch: int) -> StateSpec:  # type: ignore[no-untyped-def]
-    """mem_k, mem_v [B, G, M, D] (keys un-rotated), mem_score [B, G, M], mem_pos [B, G, M]
-    (1 + the absolute position of each slot's token, EMPTY if none); nothing when M = 0."""
-    M = config.memory_slots
-    if not M:
-        return {}
-    B, G, D = batch, config.kv_heads, config.head_k_dim
-    return {"mem_k": ((B, G, M, D), "float32"), "mem_v": ((B, G, M, D), "float32"),
-            "mem_score": ((B, G, M), "float32"), "mem_pos": ((B, G, M), "int64")}
 
 
 def admit(mem: dict[str, Tensor], k: Tensor, v: Tensor, score: Tensor, pos: Tensor, ok: Tensor

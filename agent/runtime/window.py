@@ -52,7 +52,8 @@ from torch import Tensor, nn
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
-from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, memory_spec, novelty, recall_error, twin_ok
+from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, novelty, recall_error, twin_ok
+from agent.runtime.state_spec import window_state_spec
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -372,12 +373,7 @@ class WindowAttention(nn.Module):
 
     @staticmethod
     def state_spec(config: LaplaceConfig, batch: int) -> StateSpec:
-        c = config
-        ring = (batch, c.kv_heads, c.sinks + c.window, c.head_k_dim)
-        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
-        if c.gla_branch:
-            spec["gla"] = ((batch, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
-        return spec | memory_spec(c, batch)
+        return window_state_spec(config, batch)
 
     def __init__(self, config: LaplaceConfig) -> None:
         super().__init__()

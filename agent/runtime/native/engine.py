@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.files import file_identity
+from agent.runtime.state_spec import StateSpec, window_state_spec
 
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
@@ -281,15 +282,11 @@ class Engine:
 
     # ---- running ----------------------------------------------------------------------------
 
-    def state_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """`config.state_spec(1)` without "pos" (which the engine keeps as an int): spelled
-        out here, since the mixers that declare it import torch (tested equal)."""
+    def state_spec(self) -> StateSpec:
+        """`config.state_spec(1)` without "pos" (which the engine keeps as an int): the
+        window mixer's own declaration, stacked over the layers."""
         c = self.config
-        ring = (c.n_layers, 1, c.kv_heads, c.sinks + c.window, c.head_k_dim)
-        spec = {"win_k": (ring, "float32"), "win_v": (ring, "float32")}
-        if c.gla_branch:
-            spec["gla"] = ((c.n_layers, 1, c.n_heads, c.feature_size, c.head_v_dim + 1), "float32")
-        return spec
+        return {n: ((c.n_layers, *shape), dtype) for n, (shape, dtype) in window_state_spec(c, 1).items()}
 
     def new_state(self) -> EngineState:
         return EngineState({n: np.zeros(shape, dtype=dtype) for n, (shape, dtype) in self.state_spec().items()})
@@ -314,15 +311,23 @@ class Engine:
                     br["mix"].ctypes.data, c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
         return mid, [shape, tail]
 
-    def _window(self, i: int, t0: int, qkv: np.ndarray, xin: np.ndarray, y: np.ndarray, state: EngineState) -> None:
-        """The window mixer of layer i over the rows of qkv (fp32), from position t0: y
-        written, the layer's ring (and branch state) advanced in place."""
+    @staticmethod
+    def _state_ptrs(state: EngineState) -> tuple[int, int, int | None, int, int]:
+        """The state's ring and branch addresses and their per-layer strides (bytes)."""
+        wk, wv, gla = state.tensors["win_k"], state.tensors["win_v"], state.tensors.get("gla")
+        return (wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data, wk.strides[0],
+                0 if gla is None else gla.strides[0])
+
+    def _window(self, i: int, ptrs: tuple[int, int, int | None, int, int], t0: int, T: int, qkv: tuple[int, int],
+                xin: tuple[int, int], y: tuple[int, int]) -> None:
+        """The window mixer of layer i over T rows of qkv (fp32) from position t0: y written,
+        the layer's ring (and branch state) advanced in place. qkv, xin, y: (address, row
+        stride in floats); ptrs: `_state_ptrs`."""
         mid, (shape, tail) = self.static[i]
-        gla = state.tensors.get("gla")
-        if self.lib.laplace_window(qkv.ctypes.data, 0, None, qkv.strides[0] // 4, state.tensors["win_k"][i].ctypes.data,
-                                   state.tensors["win_v"][i].ctypes.data, *mid, t0, qkv.shape[0], *shape,
-                                   None if gla is None else gla[i].ctypes.data, xin.ctypes.data, xin.strides[0] // 4,
-                                   *tail, y.ctypes.data, y.strides[0] // 4, self.threads) != 0:
+        kp, vp, gp, ring, branch = ptrs
+        if self.lib.laplace_window(qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
+                                   None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1],
+                                   self.threads) != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 
     def prefill(self, ids: list[int] | np.ndarray, state: EngineState) -> np.ndarray:
@@ -353,6 +358,8 @@ class Engine:
         gu = np.empty((T, 2 * f), np.float32)
         a = np.empty((T, f), np.float32)
         xp, hp, op = x.ctypes.data, h.ctypes.data, o.ctypes.data
+        ptrs = self._state_ptrs(state)
+        QKV, HR, YR = ((a.ctypes.data, a.strides[0] // 4) for a in (qkv, h, y))  # (address, row stride)
         wide = None  # int8 rows widened for numpy's GEMM: one buffer for every matrix of the pass
         if self.embed.scale is not None and T > self.c_rows:
             wide = np.empty(max(m.weight.size for m in self.layers[0].matrices()), np.float32)
@@ -362,7 +369,7 @@ class Engine:
             L.q.into(lib, h, qkv[:, : c.key_dim], n, wide, rows)
             L.k.into(lib, h, qkv[:, c.key_dim : c.key_dim + kv], n, wide, rows)
             L.v.into(lib, h, qkv[:, c.key_dim + kv :], n, wide, rows)
-            self._window(i, state.positions, qkv, h, y, state)
+            self._window(i, ptrs, state.positions, T, QKV, HR, YR)
             L.o.into(lib, y, o, n, wide, rows)
             lib.laplace_add_norm_rows(xp, op, T, d, L.norm_ptrs[1], c.norm_eps, hp)
             L.gate.into(lib, h, gu[:, :f], n, wide, rows)
@@ -394,10 +401,7 @@ class Engine:
         H, Y, A, P = ((t, t.ctypes.data) for t in (h, y, a, prev))
         Q, K, V = ((v, v.ctypes.data) for v in (qkv[:, :nq], qkv[:, nq : nq + kv], qkv[:, nq + kv :]))
         G, U = ((v, v.ctypes.data) for v in (gu[:, :f], gu[:, f:]))
-        wk, wv, gla = state.tensors["win_k"], state.tensors["win_v"], state.tensors.get("gla")
-        kp, vp, sp = wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data
-        ring, branch = wk.strides[0], None if gla is None else gla.strides[0]
-        t = state.positions
+        ptrs, t = self._state_ptrs(state), state.positions
 
         def mm(m: Matrix, src: tuple[np.ndarray, int], dst: tuple[np.ndarray, int]) -> None:
             if m.s_ptr is not None:
@@ -406,14 +410,11 @@ class Engine:
                 np.matmul(src[0], m.weight.T, out=dst[0])
 
         for i, L in enumerate(self.layers):
-            mid, (shape, tail) = self.static[i]
             lib.laplace_add_norm(xp, None if i == 0 else P[1], 0, None, d, L.norm_ptrs[0], c.norm_eps, H[1], None, 0)
             mm(L.q, H, Q)
             mm(L.k, H, K)
             mm(L.v, H, V)
-            if lib.laplace_window(Q[1], 0, None, 0, kp + i * ring, vp + i * ring, *mid, t, 1, *shape,
-                                  None if sp is None else sp + i * branch, H[1], 0, *tail, Y[1], 0, 1) != 0:
-                raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
+            self._window(i, ptrs, t, 1, (Q[1], 0), (H[1], 0), (Y[1], 0))
             mm(L.o, Y, P)
             lib.laplace_add_norm(xp, P[1], 0, None, d, L.norm_ptrs[1], c.norm_eps, H[1], None, 0)
             mm(L.gate, H, G)
