@@ -50,6 +50,7 @@ class TrainConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_targets: str = DEFAULT_LORA_TARGETS  # comma-separated linear names (agent.train.lora.LORA_TARGETS)
+    init_lora: str | None = None  # --tune lora: start from this "lora" delta's adapters (a new run, not a resume)
     pack: str = "stream"  # stream: documents run on across rows | rows: each document starts a row
     eval: tuple[str, ...] = ()
     eval_every: int | None = None  # default: 10 evals per run
@@ -98,6 +99,8 @@ class TrainConfig:
                 raise TrainConfigError(f"--lora-targets {self.lora_targets!r}: choose from {', '.join(LORA_TARGETS)}")
             if self.lora_alpha <= 0:
                 raise TrainConfigError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+        elif self.init_lora is not None:
+            raise TrainConfigError("--init-lora starts LoRA adapters; use it with --tune lora")
 
     @property
     def lora_target_names(self) -> tuple[str, ...]:

@@ -153,6 +153,17 @@ class Trainer:
                 f"this run needs {est.describe()} but {avail / 2**30:.1f} GB is available; way out: "
                 f"{fit_advice(est, seq_len=self.seq_len, micro=self.micro, recompute=self.cfg.recompute, tune=self.cfg.tune)}")
 
+    def _init_lora(self, path: str) -> None:
+        """Start the adapters from an earlier run's "lora" delta (--init-lora); targets it has
+        no pair for start fresh. A file that does not fit is one TrainConfigError."""
+        try:
+            tensors, _ = read_delta(path, formats=("lora",))
+            loaded = load_lora_delta(self.adapters, tensors, partial=True)
+        except (OSError, ValueError) as exc:  # DeltaError is a ValueError
+            raise TrainConfigError(f"--init-lora {path}: {exc}") from None
+        fresh = len(self.adapters) - len(loaded)
+        self.log(f"LoRA: {len(loaded)} adapters from {path}, {fresh} start fresh")
+
     def _build_model(self) -> None:
         cfg = self.cfg
         self.adapters: dict[str, LoRALinear] = {}
@@ -162,6 +173,8 @@ class Trainer:
             if self.resume_doc is not None:
                 tensors, _ = read_delta(self.resume_dir / LORA_DELTA_FILE)  # type: ignore[operator]
                 load_lora_delta(self.adapters, tensors)
+            elif cfg.init_lora is not None:
+                self._init_lora(cfg.init_lora)
             model = model.to(self.device).train()
             self.initial = None
             trainable: nn.Module = model

@@ -82,15 +82,29 @@ def lora_delta(adapters: dict[str, LoRALinear]) -> dict[str, Tensor]:
     return out
 
 
-def load_lora_delta(adapters: dict[str, LoRALinear], tensors: dict[str, Tensor]) -> None:
-    """Set the adapters from a delta written by `lora_delta` (a resumed run)."""
+def load_lora_delta(adapters: dict[str, LoRALinear], tensors: dict[str, Tensor], *, partial: bool = False) -> list[str]:
+    """Set the adapters from a delta written by `lora_delta` (a resumed run); returns the
+    names set. With `partial`, adapters the delta has no pair for keep their fresh start (B
+    at zero), so a run can begin from an earlier run's adapters and add targets; a pair with
+    no adapter to take it is an error either way, never silently dropped."""
+    keys = {k.rsplit(".weight.lora_", 1)[0] for k in tensors}
+    extra = sorted(keys - set(adapters))
+    if extra:
+        raise ValueError(f"the delta adapts {extra[0]} (and {len(extra) - 1} more), which this run does not; add its target to --lora-targets")
+    loaded: list[str] = []
     for name, ad in adapters.items():
-        a, b = tensors[f"{name}.weight.lora_A"], tensors[f"{name}.weight.lora_B"]
+        a, b = tensors.get(f"{name}.weight.lora_A"), tensors.get(f"{name}.weight.lora_B")
+        if a is None or b is None:
+            if partial:
+                continue
+            raise ValueError(f"{name}: the saved delta has no adapter for it")
         if a.shape != ad.lora_A.shape or b.shape != ad.lora_B.shape:
             raise ValueError(f"{name}: saved adapter of rank {a.shape[0]} does not fit rank {ad.rank}")
         with torch.no_grad():
-            ad.lora_A.copy_(a)
-            ad.lora_B.copy_(b / ad.scale)
+            ad.lora_A.copy_(a.float())
+            ad.lora_B.copy_(b.float() / ad.scale)
+        loaded.append(name)
+    return loaded
 
 
 def merged_state_dict(model: nn.Module, adapters: dict[str, LoRALinear]) -> dict[str, Tensor]:

@@ -180,3 +180,25 @@ def test_finetune_lora_resumes_exactly(tmp_path: Path, chat_file: Path) -> None:
     for k in whole:
         torch.testing.assert_close(half[k], whole[k], atol=1e-6, rtol=1e-5)
     assert load_model_dir(tmp_path / "half").card["finetune_steps"] == 4
+
+
+def test_init_lora_starts_from_an_earlier_delta_and_adds_targets(tmp_path: Path, chat_file: Path) -> None:
+    cfg = dict(data=(str(chat_file),), seq_len=32, batch_tokens=64, lr=1e-2, warmup=1, tune="lora", lora_rank=2)
+    train(TrainConfig(out=str(tmp_path / "first"), steps=2, lora_targets="o_proj,w2", **cfg))
+    first, _ = read_delta(tmp_path / "first" / LORA_DELTA_FILE)
+    lines: list[str] = []
+    train(TrainConfig(out=str(tmp_path / "more"), steps=1, lora_targets="q_proj,o_proj,w2", init_lora=str(tmp_path / "first" / LORA_DELTA_FILE), **cfg),
+          on_log=lines.append)
+    assert any("adapters from" in line and "start fresh" in line for line in lines)
+    more, _ = read_delta(tmp_path / "more" / LORA_DELTA_FILE)
+    assert set(first) < set(more) and any(".q_proj." in k for k in more)
+    # one step moved the loaded adapters a little from where the first run left them, not back to a fresh start
+    k = next(k for k in first if k.endswith("o_proj.weight.lora_B"))
+    assert (more[k] - first[k]).abs().max() < first[k].abs().max()
+    with pytest.raises(TrainConfigError, match="does not"):  # the delta adapts w2, which this run does not
+        train(TrainConfig(out=str(tmp_path / "fewer"), steps=1, lora_targets="o_proj", init_lora=str(tmp_path / "first" / LORA_DELTA_FILE), **cfg))
+    with pytest.raises(TrainConfigError, match="rank"):
+        train(TrainConfig(out=str(tmp_path / "wide"), steps=1, lora_targets="o_proj,w2", init_lora=str(tmp_path / "first" / LORA_DELTA_FILE),
+                          **{**cfg, "lora_rank": 4}))
+    with pytest.raises(TrainConfigError, match="tune lora"):
+        TrainConfig(data=("x",), out="o", steps=1, init_lora="d.safetensors")
