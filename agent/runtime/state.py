@@ -15,7 +15,8 @@ model's config gives (`LaplaceConfig.state_spec`):
 
 Float tensors are fp32. Its size does not depend on how many tokens were folded in.
 
-Serialized form: safetensors bytes with string metadata: format version, model fingerprint,
+Serialized form (`state_format`, torch-free, so a process without torch reads and writes the
+same bytes): safetensors bytes with string metadata: format version, model fingerprint,
 tokens folded in, layout, dtype, architecture, and a sha256 checksum over the tensor payload
 in layout order. A gla/conv state is written exactly as format version 1 always was (so
 old blobs load and equal states give equal bytes); any other layout is version 3. Version 2
@@ -28,42 +29,37 @@ with its own error class and a message that says how to recover.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from torch import Tensor
 
 from agent.runtime.config import LaplaceConfig
+from agent.runtime.state_format import (  # re-exported: the format's names are importable from here too
+    LEGACY_FORMAT_VERSION,
+    POSITIONS,
+    READABLE_VERSIONS,
+    STATE_FORMAT,
+    STATE_FORMAT_VERSION,
+    STATE_LAYOUT,
+    UNROTATED_FORMAT_VERSION,
+    StateCorruptError,
+    StateError,
+    StateModelMismatchError,
+    decode_state,
+    encode_state,
+    layout_names,
+    read_state_metadata,
+)
 
-STATE_FORMAT = "laplace-state"
-STATE_FORMAT_VERSION = 3
-LEGACY_FORMAT_VERSION = 1  # the gla/conv layout, written byte for byte as before named tensors
-UNROTATED_FORMAT_VERSION = 2  # named tensors, the window ring's keys stored un-rotated
-READABLE_VERSIONS = (str(LEGACY_FORMAT_VERSION), str(UNROTATED_FORMAT_VERSION), str(STATE_FORMAT_VERSION))
-POSITIONS = "pos"  # the tensor of tokens read per row [1, B]: the model's, not a layer's
-STATE_LAYOUT = "gla[L,B,H,K,V]+conv[L,B,D,W]"  # D: the conv's channels (conv_dim)
+__all__ = [
+    "LEGACY_FORMAT_VERSION", "POSITIONS", "READABLE_VERSIONS", "STATE_FORMAT", "STATE_FORMAT_VERSION", "STATE_LAYOUT",
+    "UNROTATED_FORMAT_VERSION", "RecurrentState", "StateCorruptError", "StateError", "StateModelMismatchError",
+    "layout_names", "read_state_metadata", "tensor_bytes",
+]
+
 _DTYPES = {"float32": (torch.float32, "F32"), "int64": (torch.int64, "I64")}
-
-
-class StateError(ValueError):
-    """A serialized state cannot be used."""
-
-
-class StateCorruptError(StateError):
-    """The bytes are truncated, not a state, or fail their checksum."""
-
-
-class StateModelMismatchError(StateError):
-    """The state was written by a different model (fingerprint or shape differ)."""
-
-
-def layout_names(layout: str) -> list[str]:
-    """Tensor names of a layout string, in order: 'gla[..]+conv[..]' -> ['gla', 'conv']."""
-    return [part.split("[", 1)[0] for part in layout.split("+") if part]
+_CODES = {code: dtype for dtype, code in _DTYPES.values()}
 
 
 class RecurrentState:
@@ -228,27 +224,15 @@ class RecurrentState:
 
     def to_bytes(self, *, fingerprint: str, extra: dict[str, str] | None = None, architecture: str | None = None) -> bytes:
         """Serialize (batch 1 or more) with a checksum over the exact tensor bytes.
-        `architecture` (`LaplaceConfig.architecture()`) names what the state's numbers mean."""
-        self.check_positions()
-        legacy = set(self.tensors) == {"gla", "conv"}
-        layout = STATE_LAYOUT if legacy else "+".join(f"{n}[{','.join(map(str, t.shape))}]" for n, t in self.tensors.items())
-        tensors = {}
+        `architecture` (`LaplaceConfig.architecture()`) names what the state's numbers mean.
+        Floats are written as fp32, anything else as int64; `encode_state` checks the
+        positions against n_tokens, as `check_positions` does."""
+        raw = []
         for name, t in self.tensors.items():
-            dtype = torch.float32 if t.is_floating_point() else torch.int64
-            tensors[name] = t.detach().to("cpu", dtype).contiguous()
-        meta = {
-            "format": STATE_FORMAT,
-            "format_version": str(LEGACY_FORMAT_VERSION if legacy else STATE_FORMAT_VERSION),
-            "layout": layout,
-            "dtype": "float32",
-            "fingerprint": fingerprint,
-            "n_tokens": str(self.n_tokens),
-            "checksum": _checksum([tensors[n] for n in layout_names(layout)]),
-            "extra": json.dumps(extra or {}, sort_keys=True),
-        }
-        if architecture is not None:
-            meta["architecture"] = architecture
-        return _safetensors_bytes(tensors, meta)
+            dtype, code = _DTYPES["float32" if t.is_floating_point() else "int64"]
+            t = t.detach().to("cpu", dtype)
+            raw.append((name, code, tuple(t.shape), tensor_bytes(t)))
+        return encode_state(raw, n_tokens=self.n_tokens, fingerprint=fingerprint, architecture=architecture, extra=extra)
 
     @classmethod
     def from_bytes(
@@ -259,65 +243,30 @@ class RecurrentState:
         fingerprint: str | None = None,
         device: torch.device | str = "cpu",
     ) -> "RecurrentState":
-        """Parse and verify. Raises `StateCorruptError` or `StateModelMismatchError`."""
-        meta = read_state_metadata(data)
-        try:
-            tensors = st_load(data)
-        except (SafetensorError, ValueError, RuntimeError) as exc:
-            raise StateCorruptError(f"state bytes are corrupt ({exc}); replay the transcript into a fresh state") from None
-        layout = STATE_LAYOUT if meta["format_version"] == str(LEGACY_FORMAT_VERSION) else meta.get("layout", "")
-        names = layout_names(layout)
-        if set(tensors) != set(names) or len(names) != len(set(names)):
-            raise StateCorruptError(f"state holds tensors {sorted(tensors)}, not its layout's {names}; replay the transcript")
-        if meta.get("checksum") != _checksum([tensors[n] for n in names]):
-            raise StateCorruptError("state checksum mismatch: the bytes were altered; replay the transcript into a fresh state")
-        # States written before the architecture was recorded have no such key.
-        if config is not None and "architecture" in meta and meta["architecture"] != config.architecture():
-            raise StateModelMismatchError(
-                f"state was written by a {meta['architecture']} model, not this {config.architecture()} one; "
-                "load the original model, or replay the transcript into a fresh state for this one"
-            )
-        if fingerprint is not None and meta.get("fingerprint") != fingerprint:
-            raise StateModelMismatchError(
-                f"state was written by model {meta.get('fingerprint', '?')[:12]}, not the loaded model {fingerprint[:12]}; "
-                "load the original model, or replay the transcript into a fresh state for this one"
-            )
-        unrotated = meta["format_version"] == str(UNROTATED_FORMAT_VERSION) and "win_k" in tensors
-        if unrotated and config is None:
+        """Parse and verify. Raises `StateCorruptError` or `StateModelMismatchError`.
+        `decode_state` does every check but the two that need the config (the shapes, and a
+        version-2 ring's rotation), the positions against n_tokens among them."""
+        decoded = decode_state(data, fingerprint=fingerprint, architecture=None if config is None else config.architecture())
+        if decoded.unrotated_keys and config is None:
             raise StateModelMismatchError("this window state predates rotated ring keys and needs its model's config to "
                                           "load; open it with the model loaded, or replay the transcript")
-        state = cls({n: tensors[n].to(device) for n in names}, int(meta.get("n_tokens", "0")), meta)
+        tensors = {n: _tensor(code, shape, raw).to(device) for n, (code, shape, raw) in decoded.tensors.items()}
+        state = cls(tensors, decoded.n_tokens, decoded.meta)
         if config is not None:
             state.check_shape(config)
-        if unrotated:  # version 2: rotate each ring key to its slot's angle, as version 3 stores it
+        if decoded.unrotated_keys:  # version 2: rotate each ring key to its slot's angle, as version 3 stores it
             assert config is not None
             from agent.runtime.window import rotate_ring_keys  # the math lives in the runtime's mixer
 
             state.tensors["win_k"] = rotate_ring_keys(state.tensors["win_k"], config.rope_theta)
-        state.check_positions()
         return state
 
 
-def read_state_metadata(data: bytes) -> dict[str, str]:
-    """Header metadata of serialized state bytes, checked for format and version."""
-    if len(data) < 8:
-        raise StateCorruptError(f"state is truncated ({len(data)} bytes); replay the transcript into a fresh state")
-    header_len = int.from_bytes(data[:8], "little")
-    if header_len <= 0 or 8 + header_len > len(data):
-        raise StateCorruptError("state header is truncated or corrupt; replay the transcript into a fresh state")
-    try:
-        header = json.loads(data[8 : 8 + header_len])
-        meta: dict[str, Any] = header.get("__metadata__", {})
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise StateCorruptError("state header is not valid; replay the transcript into a fresh state") from None
-    if meta.get("format") != STATE_FORMAT:
-        raise StateCorruptError("bytes are not a laplace state; replay the transcript into a fresh state")
-    if meta.get("format_version") not in READABLE_VERSIONS:
-        raise StateCorruptError(
-            f"state format version {meta.get('format_version')} is not supported (expected one of "
-            f"{', '.join(READABLE_VERSIONS)}); replay the transcript"
-        )
-    return {str(k): str(v) for k, v in meta.items()}
+def _tensor(code: str, shape: tuple[int, ...], raw: memoryview) -> Tensor:
+    """A tensor of a blob's bytes, copied: the blob is read-only and the step writes in place."""
+    if raw.nbytes == 0:
+        return torch.zeros(shape, dtype=_CODES[code])
+    return torch.frombuffer(bytearray(raw), dtype=_CODES[code]).reshape(shape)
 
 
 def tensor_bytes(t: Tensor) -> bytes:
@@ -328,28 +277,3 @@ def tensor_bytes(t: Tensor) -> bytes:
     if n == 0:
         return b""
     return bytes((ctypes.c_ubyte * n).from_address(t.data_ptr()))
-
-
-def _safetensors_bytes(tensors: dict[str, Tensor], meta: dict[str, str]) -> bytes:
-    """The safetensors layout, written with sorted keys so equal states give equal bytes
-    (the library's own writer orders metadata arbitrarily)."""
-    header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}
-    offset, payload = 0, []
-    for name in sorted(tensors):
-        raw = tensor_bytes(tensors[name])
-        code = "F32" if tensors[name].dtype == torch.float32 else "I64"
-        header[name] = {"dtype": code, "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
-        payload.append(raw)
-        offset += len(raw)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # align the payload to 8 bytes, as the format allows
-    return len(head).to_bytes(8, "little") + head + b"".join(payload)
-
-
-def _checksum(tensors: list[Tensor]) -> str:
-    """sha256 over each tensor's shape and bytes, in layout order (gla then conv for v1)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(str(tuple(t.shape)).encode())
-        h.update(tensor_bytes(t))
-    return h.hexdigest()
