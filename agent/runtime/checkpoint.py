@@ -7,6 +7,8 @@ ever unpickled.
 
 The fingerprint is a sha256 over the config, every weight's bytes, the tokenizer and the
 chat template: a saved state records it, so it can never be paired with another model.
+What needs no torch (finding a directory, reading its config, the fingerprint's arithmetic,
+the fingerprint from cached digests) lives in `modeldir` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -23,21 +25,22 @@ from torch.overrides import TorchFunctionMode
 
 from agent import timings
 from agent.runtime.config import PRESETS, LaplaceConfig
+from agent.runtime.files import DigestCache
 from agent.runtime.fill import fill_model, int8_rows
 from agent.runtime.model import LaplaceModel, build_model
-from agent.runtime.quant import QUANT_MODES, QUANT_SCHEME, check_int8_kernels, quantize_loaded, quantized_fingerprint
-from agent.runtime.weights import Digest, DigestCache, MappedFile, PreparedCache, WeightsFormatError, read_header
+from agent.runtime.modeldir import (FP32_DIGEST, MODEL_FILES, MODEL_FORMAT, MODEL_FORMAT_VERSION, PACKAGED_MODELS, QUANT_MODES,
+                                    QUANT_SCHEME, RUN_DTYPES, TOKENIZER_DIGEST, ModelLoadError, card_run_dtype, model_fingerprint,
+                                    not_a_model_dir, quantized_fingerprint, read_config, resolve_model_path)
+from agent.runtime.quant import check_int8_kernels, quantize_loaded
+from agent.runtime.weights import Digest, MappedFile, PreparedCache, WeightsFormatError, read_header
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import ChatTemplate, Tokenizer, byte_level_tokenizer
 
-MODEL_FORMAT = "laplace-model"
-MODEL_FORMAT_VERSION = 1
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.json")
-PACKAGED_MODELS = Path(__file__).resolve().parent.parent / "models"
-
-
-class ModelLoadError(RuntimeError):
-    """A model cannot be found or loaded; the message says which file and what to do."""
+# The names `modeldir` holds (torch-free), here too for every importer of this module.
+__all__ = ["FP32_DIGEST", "MODEL_FILES", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PACKAGED_MODELS", "QUANT_MODES", "QUANT_SCHEME",
+           "RUN_DTYPES", "LoadedModel", "ModelLoadError", "card_run_dtype", "fingerprint", "load_model", "load_model_dir",
+           "meta_model", "meta_model_for", "model_from_file", "model_from_tensors", "not_a_model_dir", "quantized_fingerprint",
+           "read_config", "resolve_model_path", "save_model_dir", "weights_digest"]
 
 
 @dataclass
@@ -77,12 +80,7 @@ def fingerprint(model: LaplaceModel, tokenizer: Tokenizer, template: AnyTemplate
                 tokenizer_digest: str | None = None) -> str:
     """`digest`, `tokenizer_digest`: the weights' and the tokenizer's digests when already
     known (computed while loading the weights, or cached beside the files)."""
-    h = hashlib.sha256()
-    h.update(model.config.to_json().encode())
-    h.update((digest or weights_digest(model)).encode())
-    h.update((tokenizer_digest or tokenizer.digest()).encode())
-    h.update(template.to_json().encode())
-    return h.hexdigest()
+    return model_fingerprint(model.config, digest or weights_digest(model), tokenizer_digest or tokenizer.digest(), template)
 
 
 def save_model_dir(loaded: LoadedModel, path: str | Path, *, card: dict[str, Any] | None = None) -> Path:
@@ -98,38 +96,6 @@ def save_model_dir(loaded: LoadedModel, path: str | Path, *, card: dict[str, Any
     (out / "chat_template.json").write_text(loaded.template.to_json(), encoding="utf-8")
     (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
     return out
-
-
-def not_a_model_dir(path: Path) -> ModelLoadError:
-    """The error for a -m path that is not a directory: a file (often one inside a model
-    directory) or nothing at all."""
-    if path.exists():
-        inside = (path.parent / "config.json").is_file()
-        fix = f"pass its directory: -m {path.parent}" if inside else "pass the directory that holds config.json and model.safetensors"
-        return ModelLoadError(f"{path} is a file, not a model directory; {fix}")
-    return ModelLoadError(f"model directory {path} does not exist")
-
-
-def read_config(path: str | Path) -> tuple[LaplaceConfig, dict[str, Any]]:
-    """(config, card) of a model directory, without touching the weights."""
-    if not Path(path).is_dir():
-        raise not_a_model_dir(Path(path))
-    cfg_path = Path(path) / "config.json"
-    try:
-        meta = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"model directory {path} has no config.json; it is not a laplace model directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{cfg_path} is not valid JSON ({exc}); restore the file or re-export the model") from None
-    if meta.get("format") != MODEL_FORMAT:
-        raise ModelLoadError(f"{cfg_path} is not a laplace model config (format {meta.get('format')!r})")
-    if meta.get("format_version") != MODEL_FORMAT_VERSION:
-        raise ModelLoadError(f"{cfg_path} has format version {meta.get('format_version')}; this laplace reads {MODEL_FORMAT_VERSION}: upgrade laplace")
-    try:
-        config = LaplaceConfig.from_dict(meta["model"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{cfg_path} has an invalid model config: {exc}") from None
-    return config, dict(meta.get("card") or {})
 
 
 class _SkipMetaInit(TorchFunctionMode):
@@ -223,7 +189,7 @@ def model_from_file(config: LaplaceConfig, file: Path, *, dtype: torch.dtype = t
     # The digest is of the weights as loaded (fp32 for int8): cached beside the file, so a
     # load whose tensors are all mapped reads none of their bytes.
     digests = DigestCache(file, enabled=cache)
-    kind = str(torch.float32 if quant is not None else dtype)
+    kind = FP32_DIGEST if quant is not None else str(dtype)  # FP32_DIGEST == str(torch.float32)
     known = digests.get(kind)
     digest = Digest() if known is None else None
     mapped = _mapped(file) if quant is None else None
@@ -293,45 +259,15 @@ def load_model_dir(path: str | Path, *, device: torch.device | str = "cpu", dtyp
     # The tokenizer's digest (of its re-serialized JSON: 0.1-0.2 s for a 50k vocabulary) is
     # cached beside tokenizer.json the way the weights' is.
     tok_cache = DigestCache(root / "tokenizer.json", enabled=cache)
-    tok_digest = tok_cache.get("tokenizer")
+    tok_digest = tok_cache.get(TOKENIZER_DIGEST)
     if tok_digest is None:
         tok_digest = tokenizer.digest()
-        tok_cache.put("tokenizer", tok_digest)
+        tok_cache.put(TOKENIZER_DIGEST, tok_digest)
     lm._fingerprint = fingerprint(model, tokenizer, template, digest=digest, tokenizer_digest=tok_digest)
     if quant is not None:
         lm._fingerprint = quantized_fingerprint(lm._fingerprint, quant)
         lm.card = {**card, "weights": quant}
     return lm
-
-
-def resolve_model_path(name_or_path: str, models_dir: Path | None = None) -> Path | None:
-    """A directory for `name_or_path`: a path, a user model under LAPLACE_HOME, or a packaged one."""
-    p = Path(name_or_path).expanduser()
-    if p.is_dir() or "/" in name_or_path or name_or_path.startswith("."):
-        return p
-    if models_dir and (models_dir / name_or_path).is_dir():
-        return models_dir / name_or_path
-    if (PACKAGED_MODELS / name_or_path / "config.json").is_file():  # not the trained parts in agent/models/smollm2
-        return PACKAGED_MODELS / name_or_path
-    return None
-
-
-RUN_DTYPES = ("float32", "bfloat16", "int8")
-
-
-def card_run_dtype(name_or_path: str, models_dir: Path | None = None) -> str:
-    """The dtype a model directory's card says it runs in (its "dtype": chosen by `laplace
-    bench dtype`), float32 when it says none (or for a preset). Reads config.json only."""
-    path = resolve_model_path(name_or_path, models_dir)
-    try:
-        card = json.loads((path / "config.json").read_text()).get("card", {}) if path is not None else {}
-    except (OSError, ValueError, AttributeError):
-        return "float32"  # the load itself reports an unreadable directory
-    dtype = card.get("dtype", "float32") if isinstance(card, dict) else "float32"
-    if dtype not in RUN_DTYPES:
-        raise ModelLoadError(f"{path}/config.json: card dtype {dtype!r} is not one of {', '.join(RUN_DTYPES)}; fix the card "
-                             "or set LAPLACE_DTYPE")
-    return dtype
 
 
 def load_model(name_or_path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, models_dir: Path | None = None, seed: int = 0,

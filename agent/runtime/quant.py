@@ -35,18 +35,16 @@ tensor by tensor, so a quantized model never exists in fp32 first.
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from agent.runtime.device import has_fast_bf16
+# Torch-free, so a start that needs no torch can name the modes and derive the fingerprint.
+# QUANT_SCHEME names what `quantize_rows` computes: change it with that arithmetic.
+from agent.runtime.modeldir import QUANT_MODES, QUANT_SCHEME, quantized_fingerprint
 
-QUANT_MODES = ("int8",)
-# Names what `quantize_rows` computes; change it with that arithmetic, so the int8 rows a
-# past load kept beside a model file (`weights.PreparedCache`) are made again, not reused.
-QUANT_SCHEME = "int8-rows-v1"
 _ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small for any table
 # From this many input rows on (a prefill, a scored segment) an Int8Linear widens its weight
 # to fp32 a block of rows at a time and runs BLAS's blocked GEMM: the widening reads the
@@ -239,8 +237,3 @@ def quantize_loaded(lm: Any, mode: str) -> Any:
     lm._fingerprint = quantized_fingerprint(base, mode)
     lm.card = {**lm.card, "weights": mode}
     return lm
-
-
-def quantized_fingerprint(base: str, mode: str) -> str:
-    """The fingerprint of a model quantized from one whose fingerprint is `base`."""
-    return hashlib.sha256(f"{base}+{mode}".encode()).hexdigest()

@@ -17,9 +17,9 @@ in the peak whatever is kept. The header is parsed here (the safetensors format 
 While reading, the weights' digest is computed exactly as `checkpoint.weights_digest`
 would compute it over the model loaded in `digest_dtype` (tensors in name order, each as
 `name:shape:dtype` then its bytes), so a quantized model's fingerprint still derives from
-its fp32 weights without ever holding them. `DigestCache` keeps it beside the file, keyed
-by the file's identity and change time, so a load whose tensors are all mapped reads none
-of them. `PreparedCache` does the same for an int8 load's rows and scales: kept in a
+its fp32 weights without ever holding them. `DigestCache` (torch-free, in `files`) keeps it
+beside the file, keyed by the file's identity and change time, so a load whose tensors are
+all mapped reads none of them. `PreparedCache` does the same for an int8 load's rows and scales: kept in a
 safetensors file beside the weights (`.laplace-int8-rows-v1.safetensors`, about a quarter
 of an fp32 file), mapped by the next load instead of read and quantized again.
 """
@@ -39,7 +39,10 @@ from typing import BinaryIO, Iterator
 import torch
 from torch import Tensor
 
-from agent.runtime.files import file_identity
+from agent.runtime.files import DigestCache, file_identity
+
+__all__ = ["BLOCK_BYTES", "Digest", "DigestCache", "MappedFile", "PreparedCache", "TensorInfo", "WeightsFormatError",
+           "blocks", "read_header", "read_tensor"]  # DigestCache lives in `files` (torch-free)
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
@@ -214,53 +217,6 @@ class MappedFile:
         end = (info.start + info.nbytes) // page * page
         if end > start:
             self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
-class DigestCache:
-    """Digests of a file of a model directory (the weights', the tokenizer's), kept in one
-    JSON file beside it, each valid while its file is the same: same device, inode, size,
-    modification and change time (a change time cannot be set back by touch or a copy tool,
-    so an edited or replaced file misses). A directory that cannot be written simply has
-    no cache."""
-
-    NAME = ".laplace-digest.json"
-
-    def __init__(self, file: str | Path, *, enabled: bool = True) -> None:
-        self.file = Path(file)
-        self.path = self.file.parent / self.NAME
-        self.enabled = enabled  # off: every get misses and nothing is written
-        self._key = file_identity(self.file)
-
-    def _read(self) -> dict:  # type: ignore[type-arg]
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def get(self, kind: str) -> str | None:
-        if not self.enabled:
-            return None
-        entry = self._read().get(self.file.name)
-        if not isinstance(entry, dict) or entry.get("file") != self._key or not isinstance(entry.get("digests"), dict):
-            return None
-        value = entry["digests"].get(kind)
-        return value if isinstance(value, str) and len(value) == 64 else None
-
-    def put(self, kind: str, digest: str) -> None:
-        if not self.enabled:
-            return
-        data = self._read()
-        entry = data.get(self.file.name)
-        digests = entry["digests"] if isinstance(entry, dict) and entry.get("file") == self._key \
-            and isinstance(entry.get("digests"), dict) else {}
-        data[self.file.name] = {"file": self._key, "digests": {**digests, kind: digest}}
-        tmp = self.path.with_name(f"{self.NAME}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-            tmp.replace(self.path)
-        except OSError:  # a read-only model directory: no cache, the digest is computed each load
-            tmp.unlink(missing_ok=True)
 
 
 _CODES = {v: k for k, v in _DTYPES.items()}

@@ -1,0 +1,66 @@
+"""The trained parameters that ship with laplace for the default model, and whether a built
+default is up to date with them, without torch.
+
+Every `laplace ask` on the default model asks `shipped_changes` before it loads anything:
+config.json's card and the small shipped files' sha256. Only when they differ does the torch
+updater (`default_model.update_shipped`) load and rewrite the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from agent.importers.download import sha256_of
+from agent.runtime.modeldir import PACKAGED_MODELS, ModelLoadError, read_config
+
+SHIPPED = PACKAGED_MODELS / "smollm2"
+BRANCH_FILE = "gla_branch.safetensors"  # replaces the branch's initial parameters
+DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add" or "lora")
+# The shipped files in the order they are applied, each with the delta formats it may hold.
+SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
+
+
+class DefaultModelError(Exception):
+    """The default model cannot be built here (offline, a bad download, a bad shipped file)."""
+
+
+def describe_shipped(records: list[dict[str, Any]]) -> str:
+    """The card's "shipped" records in words: `answer_delta.safetensors (lora, 60 tensors,
+    sha256 1a2b3c4d…)`, or none."""
+    return ", ".join(f"{r.get('file')} ({r.get('format')}, {r.get('tensors')} tensors, sha256 {str(r.get('sha256'))[:8]}…)"
+                     for r in records) or "none"
+
+
+def applied_records(model_dir: Path) -> Optional[list[dict[str, Any]]]:
+    """The shipped records of a default `default_model` built; None for any other directory
+    (a model a user imported as "default" has no "shipped", and is not ours to change)."""
+    try:
+        _, card = read_config(model_dir)
+    except ModelLoadError:
+        return None  # loading it says what is wrong
+    records = card.get("shipped")
+    if not isinstance(records, list) or not all(isinstance(r, dict) and {"file", "format", "sha256"} <= set(r) for r in records):
+        return None
+    return records
+
+
+def shipped_changes(model_dir: Path, shipped: Optional[Path] = None) -> Optional[str]:
+    """What differs between the shipped files applied to the built default `model_dir` and
+    the ones in `shipped` (default: the ones this laplace ships): "answer_delta.safetensors
+    changed, ...", or None when they are the same. Cheap enough for every use: config.json
+    and the small shipped files' sha256, nothing cached. Raises DefaultModelError for a
+    shipped file it cannot read."""
+    shipped = SHIPPED if shipped is None else Path(shipped)
+    records = applied_records(model_dir)
+    if records is None:
+        return None
+    try:
+        now = {name: sha256_of(shipped / name) for name, _ in SHIPPED_FILES if (shipped / name).is_file()}
+    except OSError as exc:
+        raise DefaultModelError(f"a shipped file is unreadable ({exc}); reinstall laplace") from None
+    was = {r["file"]: r["sha256"] for r in records}
+    order = [name for name, _ in SHIPPED_FILES]
+    differ = sorted((f for f in set(was) | set(now) if was.get(f) != now.get(f)),
+                    key=lambda f: (order.index(f) if f in order else len(order), f))
+    return ", ".join(f"{f} {'added' if f not in was else 'removed' if f not in now else 'changed'}" for f in differ) or None
