@@ -23,6 +23,9 @@ def _default_home() -> Path:
     return Path(user_data_dir("laplace", appauthor=False))
 
 
+ENGINES = ("auto", "native", "torch")
+
+
 class SettingsError(ValueError):
     """An environment variable laplace cannot use; the message names the fix."""
 
@@ -40,6 +43,14 @@ class Settings:
     default_model_url: str | None = None
     # LAPLACE_TIMINGS=1: print where the command's time went to stderr (agent/timings.py).
     timings: bool = False
+    # LAPLACE_ENGINE: which runtime `chat` and `ask` use. auto: the torch-free engine
+    # (agent/runtime/native) where it runs the model, else torch; torch: always torch;
+    # native: the engine or an error saying why not.
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise SettingsError(f"LAPLACE_ENGINE={self.engine!r} is not one of {', '.join(ENGINES)}; unset it for auto")
 
     @property
     def db_path(self) -> Path:
@@ -66,6 +77,7 @@ class Settings:
             dtype_set="LAPLACE_DTYPE" in env,
             default_model_url=env.get("LAPLACE_DEFAULT_MODEL_URL") or None,
             timings=env.get("LAPLACE_TIMINGS", "").strip().lower() not in ("", "0", "false", "no", "off"),
+            engine=env.get("LAPLACE_ENGINE", "auto").strip().lower() or "auto",
         )
 
     def ensure_home(self) -> Path:

@@ -1,6 +1,6 @@
 """The chat service and what it shares with its clients.
 
-`service.ChatService` joins the runtime and the session store (it imports torch);
-`types` holds the events and views the TUI and the CLI read (no torch), so importing this
-package itself stays light.
+`service.ChatService` joins a runtime and the session store. It imports no torch itself: the
+runner and model it is given do (the torch `EagerRunner`), or do not (the engine's
+`native.runner.EngineRunner`). `types` holds the events and views the TUI and the CLI read.
 """

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from agent.chat.types import ChatError, ProgressEvent
-from agent.runtime.checkpoint import LoadedModel
-from agent.runtime.generation import EagerRunner
-from agent.runtime.state import RecurrentState
+
+if TYPE_CHECKING:
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.decoding import Runner
+    from agent.runtime.state import RecurrentState
 
 SLICE_CHARS = 16_384
 
@@ -55,7 +57,7 @@ def _slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
 
 
 def fold_document(
-    lm: LoadedModel, runner: EagerRunner, name: str, text: str, state: RecurrentState, ids_out: list[int],
+    lm: LoadedModel, runner: Runner, name: str, text: str, state: RecurrentState, ids_out: list[int],
     cancel: threading.Event | None = None,
 ) -> Iterator[tuple[ProgressEvent, RecurrentState]]:
     """Fold the template's document message (`<|document|>name\\n\\ntext<|end|>\\n` in the

@@ -24,7 +24,7 @@ from sessions import Session, SessionStore, StateError, StateMeta
 
 if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
-    from agent.runtime.generation import EagerRunner
+    from agent.runtime.decoding import Runner
     from agent.runtime.state import RecurrentState
 
 
@@ -35,7 +35,7 @@ class Replaying(Protocol):
 
     store: SessionStore
     lm: LoadedModel
-    runner: EagerRunner
+    runner: Runner
     model_id: str
     fingerprint: str
 
@@ -49,7 +49,7 @@ class Replaying(Protocol):
 Progress = Callable[[ProgressEvent], None]
 
 
-def fold(runner: EagerRunner, ids: Sequence[int], state: RecurrentState) -> Iterator[tuple[int, RecurrentState]]:
+def fold(runner: Runner, ids: Sequence[int], state: RecurrentState) -> Iterator[tuple[int, RecurrentState]]:
     """Fold `ids` into `state` one prefill segment at a time; yields (ids folded so far,
     state) after each segment. The segments are those `runner.prefill(ids)` would cut."""
     step = runner.segment_len
@@ -58,7 +58,7 @@ def fold(runner: EagerRunner, ids: Sequence[int], state: RecurrentState) -> Iter
         yield min(start + step, len(ids)), state
 
 
-def replay(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
+def replay(runner: Runner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
            after_turn_id: int | None = None) -> Iterator[tuple[int, RecurrentState]]:
     """Fold the stored ids of the branch up to `turn_id` (only those after `after_turn_id`,
     when given) into `state`; yields (tokens folded so far, state) after each prefill
@@ -71,7 +71,7 @@ def replay(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: i
             yield done, state
 
 
-def replayed(runner: EagerRunner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
+def replayed(runner: Runner, store: SessionStore, session_id: int, turn_id: int, state: RecurrentState, *,
              after_turn_id: int | None = None) -> RecurrentState:
     """`replay` to the end: the state after the whole stretch."""
     for _, state in replay(runner, store, session_id, turn_id, state, after_turn_id=after_turn_id):
@@ -86,7 +86,7 @@ def load_state(service: Replaying, session: Session, turn_id: int | None = None,
     with `progress`, and storing the state after them, so that the next open loads it
     instead of folding them again. Raises StateUnusableError, naming the way out, when no
     stored state can be trusted."""
-    from agent.runtime.state import RecurrentState, StateError as RuntimeStateError
+    from agent.runtime.state_format import StateError as RuntimeStateError
 
     store = service.store
     with timings.phase("state: read, check and load the snapshot"):
@@ -97,8 +97,7 @@ def load_state(service: Replaying, session: Session, turn_id: int | None = None,
                 raise StateUnusableError(
                     f"session {session.uid[:8]} has no stored state on this branch; rebuild it by replaying the transcript (--rebuild-state)")
             data = store.states.load(snap, expected_fingerprint=service.fingerprint)
-            state = RecurrentState.from_bytes(data, config=service.lm.config, fingerprint=service.fingerprint,
-                                              device=service.runner.device)
+            state = service.runner.load_state(data, config=service.lm.config, fingerprint=service.fingerprint)
         except (StateError, RuntimeStateError) as exc:
             hint = f" (the session was made with model {session.model_id!r})" if session.model_id != service.model_id else \
                 " (if the session was started with --initial-state or another LAPLACE_DTYPE, use the same again)"

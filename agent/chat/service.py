@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from agent import timings
 from agent.chat.browse import SessionBrowsing, guarded
@@ -39,12 +39,13 @@ from agent.chat.types import (
     TurnView,
 )
 from agent.chat.turns import ReplyWriter, TurnWriter, check_text
-from agent.runtime.checkpoint import LoadedModel
-from agent.runtime.generation import EagerRunner, Generation
+from agent.runtime.decoding import Generation, Runner
 from agent.runtime.held import held_by_transcript_only, held_positions
-from agent.runtime.sampling import make_generator
-from agent.runtime.state import RecurrentState
 from sessions import Session, SessionError, SessionStore, StateMeta
+
+if TYPE_CHECKING:
+    from agent.runtime.checkpoint import LoadedModel
+    from agent.runtime.state import RecurrentState
 
 
 class ChatService(SessionBrowsing):
@@ -58,13 +59,13 @@ class ChatService(SessionBrowsing):
     How a turn is written (message, recall block, streaming reply, commit with its state)
     is `agent.chat.turns.TurnWriter`, shared with the server, so both leave the same rows."""
 
-    def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: EagerRunner | None = None,
+    def __init__(self, store: SessionStore, lm: LoadedModel, *, model_id: str, runner: Runner | None = None,
                  device: str = "cpu", options: Mapping[str, object] | None = None,
                  initial_state: RecurrentState | None = None, check: StateCheck | None = None) -> None:
         self.store = store
         self.lm = lm
         self.model_id = model_id
-        self.runner = runner or EagerRunner(lm.model)
+        self.runner = runner if runner is not None else _eager(lm)
         self.device = device
         self.given = dict(options or {})
         try:
@@ -244,7 +245,7 @@ class ChatService(SessionBrowsing):
                 logits, state = self.runner.prefill(prefix, state)
             gen = Generation(self.runner, state, logits, opts, stop_ids=template.stop_ids(tok), tokenizer=tok,
                              cancel=cancel, prompt_tail=tail,
-                             generator=make_generator(seed if regenerate_of is not None else opts.seed, "cpu"))
+                             generator=self.runner.new_generator(seed if regenerate_of is not None else opts.seed))
             for _ in gen:
                 timings.mark("first token sampled")
                 if gen.piece:
@@ -356,6 +357,14 @@ class ChatService(SessionBrowsing):
         self.options, self._session = self.writer.adopt_options(session, self.given)
 
     _guard = staticmethod(guarded)
+
+
+def _eager(lm: LoadedModel) -> Runner:
+    """The default runner: torch, eager (imported here: a caller that brings the torch-free
+    engine's runner never loads torch)."""
+    from agent.runtime.generation import EagerRunner
+
+    return EagerRunner(lm.model)
 
 
 _check_text = check_text  # the one refusal of text that cannot be stored, shared with the server

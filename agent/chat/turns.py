@@ -38,7 +38,7 @@ from sessions import Lease, Session, SessionError, SessionInUse, SessionNotFound
 
 if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
-    from agent.runtime.generation import EagerRunner
+    from agent.runtime.decoding import Runner
     from agent.runtime.state import RecurrentState
 
 FLUSH_EVERY_S = 0.25  # how often a streaming reply's text is written to SQLite
@@ -96,7 +96,7 @@ class TurnWriter:
     """Writes turns for one model into one store. Satisfies `recovery.RecoveringService`
     and `replay.Replaying`, so recovery and replay run through it."""
 
-    def __init__(self, store: SessionStore, lm: LoadedModel, runner: EagerRunner, *, model_id: str,
+    def __init__(self, store: SessionStore, lm: LoadedModel, runner: Runner, *, model_id: str,
                  initial_state: RecurrentState | None = None) -> None:
         self.store = store
         self.lm = lm
@@ -116,7 +116,7 @@ class TurnWriter:
     def fresh_state(self) -> RecurrentState:
         if self.initial_state is not None:
             return self.initial_state.clone().to(self.runner.device)
-        return self.lm.model.new_state(1)
+        return self.runner.new_state()
 
     def _meta(self, state: RecurrentState) -> StateMeta:
         return StateMeta(model_fingerprint=self.fingerprint, n_tokens=state.n_tokens, dtype="float32")
@@ -281,8 +281,6 @@ class ReplyWriter:
         `fold()` returns the state after reading the prefix and exactly `tokens`; if it
         raises, the text is committed as error without a state (a replay rebuilds it).
         `fold=None` commits without a state on purpose (a server shutting down)."""
-        import torch
-
         writer = self.writer
         tok = writer.lm.tokenizer
         tokens = list(tokens)
@@ -294,8 +292,7 @@ class ReplyWriter:
         after = blob = meta = None
         if fold is not None:
             try:
-                with torch.inference_mode():
-                    _, after = writer.runner.prefill(suffix, fold())
+                _, after = writer.runner.prefill(suffix, fold())  # a runner's prefill runs without autograd itself
                 blob, meta = writer._blob(after), writer._meta(after)
             except Exception as exc:  # no trustworthy state: commit the text, replay later
                 after, error = None, error or f"{type(exc).__name__}: {exc}"

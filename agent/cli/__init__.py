@@ -7,15 +7,20 @@ commands that need them, so `laplace sessions list` stays fast.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Optional
 
-import typer
+# Before anything loads numpy (the session store does): OpenBLAS reads this once, and the
+# torch-free engine's fp32 prefill needs its idle threads to stop spinning (native/engine.py).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from agent.cli.errors import fail
-from agent.cli.store import settings_of
-from agent.display import human_bytes, json_for_terminal
-from agent.settings import Settings, SettingsError
+import typer  # noqa: E402
+
+from agent.cli.errors import fail  # noqa: E402
+from agent.cli.store import settings_of  # noqa: E402
+from agent.display import human_bytes, json_for_terminal  # noqa: E402
+from agent.settings import Settings, SettingsError  # noqa: E402
 
 app = typer.Typer(
     name="laplace",

@@ -6,6 +6,7 @@ the service and the TUI never construct their own dependencies.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -88,7 +89,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
     With `rebuild_state` the transcript is replayed into a new state; otherwise a stored
     state that cannot be used is returned as the second value with `defer_unusable` (the
     TUI asks the user), or else an error."""
-    with timings.phase("imports: the chat service (torch among them)"):
+    with timings.phase("imports: the chat service"):
         from agent.chat.options import parse_pairs
         from agent.chat.service import ChatService
         from agent.chat.types import ChatError, StateUnusableError
@@ -113,7 +114,9 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
                 raise _fail("there is no session to continue yet; start one with `laplace chat` or `laplace ask`")
         spec = model or (target.model_id if target else DEFAULT_MODEL)
         with timings.phase("model: load"):
-            lm, model_id, dev = load_model_as(settings, spec, device)
+            # The torch-free engine where it runs this model; torch for what it alone does:
+            # a learned initial state, and a rebuild (the reference replay verify points to).
+            lm, model_id, dev, runner = open_model(settings, spec, device, engine_ok=initial_state is None and not rebuild_state)
         start = None
         if initial_state is not None:
             from agent.runtime.state import StateError as RuntimeStateError
@@ -126,7 +129,7 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
             except RuntimeStateError as exc:
                 raise _fail(f"initial state {initial_state}: {exc}") from None
         with timings.phase("service: build"):
-            service = ChatService(store, lm, model_id=model_id, runner=make_runner(lm.model, dev, settings), device=str(dev),
+            service = ChatService(store, lm, model_id=model_id, runner=runner, device=str(dev),
                                   options=given, initial_state=start, check=_check_state)
         unusable: Optional[Exception] = None
         try:
@@ -162,32 +165,104 @@ def open_service(settings: Settings, *, model: Optional[str], session: Optional[
         raise
 
 
-def _check_state(*args, **kwargs):  # type: ignore[no-untyped-def]
+def _check_state(lm, state, *args, **kwargs):  # type: ignore[no-untyped-def]
     """`agent.probes.session_check.check_state`, imported when a chat first asks (/check):
-    `ask` never does, and the probes would add to its start-up."""
+    `ask` never does, and the probes would add to its start-up. The probes run on torch: a
+    chat on the engine hands them the same model and state in torch's form (`torch_twin`)."""
     from agent.probes.session_check import check_state
 
-    return check_state(*args, **kwargs)
+    if hasattr(lm, "torch_twin"):
+        lm, state = lm.torch_twin(state)
+    return check_state(lm, state, *args, **kwargs)
 
 
-def load_model_as(settings: Settings, spec: str, device: str):  # type: ignore[no-untyped-def]
-    """Load model `spec` on `device` (auto: the settings' device) in the settings' dtype;
-    returns (LoadedModel, the id sessions store for it, torch device). typer.Exit on failure.
+def open_model(settings: Settings, spec: str, device: str, *, engine_ok: bool):  # type: ignore[no-untyped-def]
+    """(model, the id sessions store for it, device, runner) for `chat` and `ask`: on the
+    torch-free engine (`agent.runtime.native.runner`) when `engine_ok` and it runs this
+    model here (`engine_for`), else on torch (`load_model_as`). typer.Exit on failure."""
+    with timings.phase("built and up to date (default: shipped parameters)"):
+        _ensure(settings, spec)
+    path, model_id = resolve_as(settings, spec)
+    if engine_ok:
+        with timings.phase("engine: map the weights"):
+            em = engine_for(settings, spec, path, device)
+        if em is not None:
+            from agent.runtime.native.runner import EngineRunner
+
+            return em, model_id, "cpu", EngineRunner(em.engine)
+    lm, model_id, dev = load_model_as(settings, spec, device, ensured=True)
+    return lm, model_id, dev, make_runner(lm.model, dev, settings)
+
+
+def _ensure(settings: Settings, spec: str) -> None:
+    """Build the default model on first use (or apply shipped parameters that changed)."""
+    from agent.cli.models import ensure_model
+
+    ensure_model(settings, spec)
+
+
+def resolve_as(settings: Settings, spec: str) -> tuple[Optional[Path], str]:
+    """The model's directory (None for a preset) and the id sessions store for it.
 
     Names (default, user models, presets) are stored as names, so a session survives the
     package or LAPLACE_HOME moving; an explicit directory is stored as an absolute path."""
+    from agent.runtime.modeldir import PACKAGED_MODELS, resolve_model_path
+
+    path = resolve_model_path(spec, settings.models_dir)
+    named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
+    return path, spec if named else str(path.resolve())
+
+
+def engine_for(settings: Settings, spec: str, path: Optional[Path], device: str):  # type: ignore[no-untyped-def]
+    """The model on the torch-free engine, or None where torch runs it: LAPLACE_ENGINE=torch;
+    a device other than the CPU (`auto` counts as the CPU for an int8 model, whose torch form
+    is CPU-only, and for any model on a machine with no NVIDIA or Neuron driver); a dtype
+    other than int8 or float32; a model the engine cannot run, or whose caches the first
+    torch load has not written yet (that load writes them; the next start maps them).
+    LAPLACE_ENGINE=native makes that last case an error naming the reason."""
+    from agent.runtime.modeldir import ModelLoadError, card_run_dtype
+
+    if settings.engine == "torch" or path is None:
+        return None
+    try:
+        dtype = settings.dtype if settings.dtype_set else card_run_dtype(spec, settings.models_dir)
+    except ModelLoadError as exc:
+        raise _fail(str(exc)) from None
+    weights = {"int8": "int8", "float32": "fp32", "fp32": "fp32"}.get(dtype)
+    wanted = device if device != "auto" else settings.device
+    accelerator = Path("/proc/driver/nvidia").exists() or Path("/dev/neuron0").exists()
+    on_cpu = wanted == "cpu" or (wanted == "auto" and (weights == "int8" or not accelerator))
+    why = None if weights is not None and on_cpu else f"device {wanted} with dtype {dtype}"
+    if why is None:
+        from agent.runtime.native.engine import EngineUnavailable
+        from agent.runtime.native.runner import open_engine_model
+
+        try:
+            em = open_engine_model(path, weights=weights, threads=min(2, os.cpu_count() or 1))
+            timings.mark(f"runtime: the torch-free engine ({weights})")
+            return em
+        except (EngineUnavailable, ModelLoadError) as exc:  # the torch load words a broken directory's error
+            why = str(exc)
+    if settings.engine == "native":
+        raise _fail(f"LAPLACE_ENGINE=native, but the engine cannot run {spec}: {why}; unset LAPLACE_ENGINE to use torch")
+    timings.mark(f"runtime: torch ({why})")
+    return None
+
+
+def load_model_as(settings: Settings, spec: str, device: str, *, ensured: bool = False):  # type: ignore[no-untyped-def]
+    """Load model `spec` with torch on `device` (auto: the settings' device) in the settings'
+    dtype; returns (LoadedModel, the id sessions store for it, torch device). typer.Exit on
+    failure. `ensured`: the caller has just built or updated it (`_ensure`)."""
     with timings.phase("imports: torch and the runtime"):
-        from agent.cli.models import ensure_model
-        from agent.runtime.checkpoint import PACKAGED_MODELS, ModelLoadError, card_run_dtype, load_model, resolve_model_path
+        from agent.runtime.checkpoint import ModelLoadError, card_run_dtype, load_model
         from agent.runtime.device import DeviceUnavailableError, parse_dtype, resolve_device
         from agent.runtime.quant import QUANT_MODES
 
-    with timings.phase("built and up to date (default: shipped parameters)"):
-        ensure_model(settings, spec)
+    if not ensured:
+        with timings.phase("built and up to date (default: shipped parameters)"):
+            _ensure(settings, spec)
     try:
-        path = resolve_model_path(spec, settings.models_dir)
-        named = path is None or ("/" not in spec and path.parent.resolve() in (settings.models_dir.resolve(), PACKAGED_MODELS.resolve()))
-        model_id = spec if named else str(path.resolve())
+        _, model_id = resolve_as(settings, spec)
         dev = resolve_device(device if device != "auto" else settings.device)
         # LAPLACE_DTYPE, else the model card's dtype. int8: int8 weight-only matmuls, read
         # straight from the file into that form.

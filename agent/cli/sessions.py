@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
+    from agent.settings import Settings
+
 app = typer.Typer(help="Manage saved chat sessions (ids accept any unique prefix).", no_args_is_help=True)
 
 
@@ -296,23 +298,21 @@ def verify(
         with _store(ctx) as store:
             lines = verify_session(store, session_id)
             if replay:
-                lines.append(_replay(store, session_id, model, device or settings.device, settings.models_dir))
+                lines.append(_replay(store, session_id, model, device or settings.device, settings))
     except VerifyFailed as exc:
         raise fail(str(exc)) from None
     for line in lines:
         typer.echo(line)
 
 
-def _replay(store: SessionStore, ref: str, model: Optional[str], device: str, models_dir: Path) -> str:
-    """Load the model (the session's own unless -m) and compare a replay with the stored state."""
-    from agent.chat.verify import VerifyFailed, compare_replay, newest_snapshot
-    from agent.runtime.checkpoint import ModelLoadError, load_model
-    from agent.runtime.device import DeviceUnavailableError, resolve_device
+def _replay(store: SessionStore, ref: str, model: Optional[str], device: str, settings: Settings) -> str:
+    """Load the model (the session's own unless -m) as `chat` loads it with torch (in its
+    card's dtype: the default model's int8, whose fingerprint its states carry) and compare a
+    replay with the stored state."""
+    from agent.chat.verify import compare_replay, newest_snapshot
+    from agent.cli.chat import load_model_as
     from agent.runtime.generation import EagerRunner
 
     session, snap = newest_snapshot(store, ref)
-    try:
-        lm = load_model(model or session.model_id, device=resolve_device(device), models_dir=models_dir)
-    except (ModelLoadError, DeviceUnavailableError) as exc:
-        raise VerifyFailed(str(exc)) from None
+    lm, _, _ = load_model_as(settings, model or session.model_id, device)
     return compare_replay(store, session, snap, lm, EagerRunner(lm.model)).line()

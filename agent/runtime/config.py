@@ -245,11 +245,17 @@ class LaplaceConfig:
         window: the ring win_k / win_v [L, B, G, S + W, D] (keys rotated to their slot's
         angle; slots < S are the sinks), the branch's gla [L, B, H, F, D + 1] (the extra
         column sums the normaliser) if it is on, and pos."""
-        # The mixers declare their state and import this module, so their table is looked up
-        # when asked, by name (a registry read at call time: no import cycle at load time).
-        mixer = importlib.import_module("agent.runtime.mixers").MIXERS[self.mixer]
-        spec = {name: ((self.n_layers, *shape), dtype) for name, (shape, dtype) in mixer.state_spec(self, batch).items()}
-        if mixer.uses_positions:
+        if self.mixer == "window":  # declared torch-free (state_spec.py): the engine's process reads it too
+            from agent.runtime.state_spec import WINDOW_USES_POSITIONS, window_state_spec
+
+            layer, uses_positions = window_state_spec(self, batch), WINDOW_USES_POSITIONS
+        else:
+            # The mixers declare their state and import this module, so their table is looked
+            # up when asked, by name (a registry read at call time: no import cycle at load time).
+            mixer = importlib.import_module("agent.runtime.mixers").MIXERS[self.mixer]
+            layer, uses_positions = mixer.state_spec(self, batch), mixer.uses_positions
+        spec = {name: ((self.n_layers, *shape), dtype) for name, (shape, dtype) in layer.items()}
+        if uses_positions:
             spec["pos"] = ((1, batch), "int64")  # state.POSITIONS: the model's, no layer dimension
         return spec
 

@@ -1,43 +1,36 @@
 """Running a model: segmented prefill, token-by-token generation, batched decode.
 
-`Runner` is the seam between the math and the shapes a backend wants: `EagerRunner` calls
-the model directly; `compiled.CompiledRunner` pads to fixed buckets for torch.compile.
-`Generation` is an iterator of token ids with explicit state bookkeeping, so a caller that
-stops early (cancel, stop string, length) can always get a state that has read exactly the
-tokens it keeps.
+A runner is the seam between the math and the shapes a backend wants: `EagerRunner` calls
+the model directly; `compiled.CompiledRunner` pads to fixed buckets for torch.compile; the
+torch-free `native.runner.EngineRunner` runs the C engine. What the chat layer asks of one
+is `agent.runtime.decoding.Runner`. `Generation` (agent/runtime/decoding.py, re-exported
+here) is an iterator of token ids with explicit state bookkeeping.
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from agent.runtime.decoding import DEFAULT_SEGMENT, Generation, segment_length
 from agent.runtime.model import LaplaceModel
-from agent.runtime.reply import ReplySampler, draw
+from agent.runtime.reply import draw
 from agent.runtime.sampling import SamplingOptions, make_generator, sample
 from agent.runtime.state import RecurrentState
-from agent.runtime.tokenizer import Tokenizer
+
+__all__ = ["DEFAULT_SEGMENT", "EagerRunner", "Generation", "ProgressFn", "generate_batch"]
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
-DEFAULT_SEGMENT = 512
 
 
 class EagerRunner:
     """Prefill in fixed-size segments and decode one token at a time, eagerly."""
 
     def __init__(self, model: LaplaceModel, segment_len: int | None = None) -> None:
-        chunk = model.config.chunk_size
-        # Default: DEFAULT_SEGMENT rounded up to whole chunks (an imported model's chunk need
-        # not divide 512).
-        segment_len = segment_len or -(-DEFAULT_SEGMENT // chunk) * chunk
-        if segment_len % chunk:
-            raise ValueError(f"segment length {segment_len} must be a multiple of the chunk size {chunk}")
         self.model = model
-        self.segment_len = segment_len
+        self.segment_len = segment_length(model.config.chunk_size, segment_len)
 
     @property
     def device(self) -> torch.device:
@@ -60,6 +53,21 @@ class EagerRunner:
         return self.model.step_(tokens, state)
 
     @torch.inference_mode()
+    def step_token(self, token: int, state: RecurrentState) -> Tensor:
+        """One token of a batch-1 state, in place (what `decoding.Generation` steps)."""
+        return self.step_(torch.tensor([token], dtype=torch.long, device=self.device), state)
+
+    def new_state(self) -> RecurrentState:
+        return self.model.new_state(1)
+
+    def load_state(self, data: bytes, *, config: object, fingerprint: str) -> RecurrentState:
+        """A stored state blob on this runner's device (checked as `RecurrentState.from_bytes` does)."""
+        return RecurrentState.from_bytes(data, config=config, fingerprint=fingerprint, device=self.device)  # type: ignore[arg-type]
+
+    def new_generator(self, seed: int | None) -> torch.Generator:
+        return make_generator(seed, "cpu")
+
+    @torch.inference_mode()
     def prefill(self, ids: Sequence[int], state: RecurrentState | None = None, progress: ProgressFn | None = None) -> tuple[Tensor, RecurrentState]:
         """Fold `ids` into a batch-1 state segment by segment; peak memory is set by the
         segment length, not by len(ids). Returns the logits after the last token."""
@@ -78,97 +86,6 @@ class EagerRunner:
         state.check_positions()  # the host's count and the model's positions agree
         assert logits is not None
         return logits, state
-
-
-@dataclass
-class Generation:
-    """Sample tokens until a stop token, a stop string, `max_new_tokens` or cancellation.
-
-    Each token is picked by `reply.ReplySampler`, the loop body the server's scheduler uses
-    too. Iterating yields token ids; `piece` is the text the last one completed (with a
-    `tokenizer`). A stop token ends the turn and is not yielded (the caller folds the
-    template's turn suffix). `state` has read every yielded token except possibly the last;
-    `finish()` folds that one too and returns the state matching `tokens`. The state given
-    is never changed: the first step copies it once, and decoding then updates that copy in
-    place. `prompt_tail`: the ids read just before the reply, for the repetition penalty."""
-
-    runner: EagerRunner
-    state: RecurrentState
-    logits: Tensor  # [1, vocab] after the last prompt token
-    opts: SamplingOptions
-    stop_ids: Sequence[int] = ()
-    tokenizer: Tokenizer | None = None  # needed for stop strings and `piece`
-    cancel: threading.Event | None = None
-    generator: torch.Generator | None = None
-    prompt_tail: Sequence[int] = ()
-    stop_reason: str | None = None  # "stop" | "stop_string" | "length" | "cancelled"
-    _pending: int | None = None
-    _owned: bool = False  # `state` is this generation's own copy, stepped in place
-    _origin: RecurrentState | None = None  # the state given, never written
-    _sampler: ReplySampler = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._origin = self.state
-        if self.generator is None:
-            self.generator = make_generator(self.opts.seed)
-        self._sampler = ReplySampler(self.opts, self.generator, stop_ids=self.stop_ids, tokenizer=self.tokenizer,
-                                     prompt_tail=self.prompt_tail)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self._sampler.tokens
-
-    @property
-    def piece(self) -> str:
-        return self._sampler.piece
-
-    def flush(self) -> str:
-        """Text held back at the end (an incomplete character)."""
-        return self._sampler.flush()
-
-    @torch.inference_mode()
-    def __iter__(self) -> Iterator[int]:
-        while self.stop_reason is None:
-            if self.cancel is not None and self.cancel.is_set():
-                self.stop_reason = "cancelled"
-                return
-            self._fold_pending()
-            token = self._sampler.pick(self.logits)
-            if token is not None:
-                self._pending = token
-                yield token
-            self.stop_reason = self._sampler.stop_reason
-
-    def _fold_pending(self) -> None:
-        if self._pending is not None:
-            tok = torch.tensor([self._pending], dtype=torch.long, device=self.logits.device)
-            if not self._owned:
-                self.state, self._owned = self.state.clone(), True
-            n = self.state.n_tokens
-            try:
-                self.logits = self.runner.step_(tok, self.state)
-            except BaseException:
-                # A step that fails (or is interrupted) part-way leaves some layers written:
-                # rebuild the state of the tokens folded before this one from the untouched
-                # given state, so no state ever disagrees with the tokens it claims to hold.
-                self._rebuild()
-                raise
-            self.state.n_tokens = n + 1
-            self._pending = None
-
-    def _rebuild(self) -> None:
-        folded = self.tokens[:-1]  # the pending token is the last one yielded
-        assert self._origin is not None
-        self.state, self._owned = self._origin, False
-        if folded:
-            self.logits, self.state = self.runner.prefill(folded, self._origin)
-            self._owned = True
-
-    @torch.inference_mode()
-    def finish(self) -> RecurrentState:
-        """The state after reading exactly `self.tokens`."""
-        self._fold_pending()
-        return self.state
 
 
 @torch.inference_mode()

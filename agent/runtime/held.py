@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Mapping, TypeVar
+from typing import TYPE_CHECKING, Mapping, TypeVar
 
 from agent.runtime.config import LaplaceConfig
-from agent.runtime.state import RecurrentState
+
+if TYPE_CHECKING:
+    from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
 MEMORY = "mem_pos"  # the state tensor of memory slots' positions + 1 [L, B, G, M], 0 where empty

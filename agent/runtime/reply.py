@@ -19,12 +19,15 @@ still begin a stop string (what a streaming server must hold back).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
-from torch import Tensor
+import numpy as np
 
-from agent.runtime.sampling import SamplingOptions, sample
+from agent.runtime.sampling import SamplingOptions, sample, sample_array
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 from agent.runtime.tokenizer import StreamDecoder, Tokenizer
 
 PROMPT_TAIL = 256  # ids of the prompt, and of the reply, that the repetition penalty sees
@@ -93,9 +96,13 @@ class ReplySampler:
     `pick(logits)` returns the token to keep (the caller's state must read it before the
     next pick) or None when the reply ended without one (a stop token); `stop_reason` is set
     once the reply is over. `piece` is the text the last kept token completed (decoded
-    incrementally, never half a character); `text` all of it."""
+    incrementally, never half a character); `text` all of it.
 
-    def __init__(self, opts: SamplingOptions, generator: torch.Generator, *, stop_ids: Sequence[int] = (),
+    The generator says the backend: a `torch.Generator` picks from torch logits
+    (`sampling.sample`), a `numpy.random.Generator` from numpy ones (`sampling.sample_array`,
+    the torch-free engine's)."""
+
+    def __init__(self, opts: SamplingOptions, generator: torch.Generator | np.random.Generator, *, stop_ids: Sequence[int] = (),
                  tokenizer: Tokenizer | None = None, prompt_tail: Sequence[int] = ()) -> None:
         if opts.stop and tokenizer is None:
             raise ValueError("stop strings need the tokenizer")
@@ -114,14 +121,25 @@ class ReplySampler:
     def history(self, device: torch.device) -> Tensor | None:
         if self.opts.repetition_penalty == 1.0:
             return None
-        hist = self.prompt_tail + self.tokens[-PROMPT_TAIL:]
+        import torch
+
+        hist = self.seen()
         return torch.tensor([hist], dtype=torch.long, device=device) if hist else None
 
-    def pick(self, logits: Tensor) -> int | None:
-        """logits [1, vocab] -> the next token of the reply, or None when it ends here."""
+    def seen(self) -> list[int]:
+        """The ids the repetition penalty sees: the prompt's tail, then the reply's."""
+        return self.prompt_tail + self.tokens[-PROMPT_TAIL:]
+
+    def pick(self, logits: Any) -> int | None:
+        """logits [1, vocab] (torch, or numpy [vocab]) -> the next token of the reply, or
+        None when it ends here."""
         if self.stop_reason is not None:
             raise RuntimeError("the reply is over; nothing more to pick")
-        token = int(sample(logits, self.generator, **draw(self.opts), history=self.history(logits.device))[0])
+        if isinstance(self.generator, np.random.Generator):
+            seen = self.seen() if self.opts.repetition_penalty != 1.0 else ()
+            token = sample_array(logits, self.generator, **draw(self.opts), history=seen)
+        else:
+            token = int(sample(logits, self.generator, **draw(self.opts), history=self.history(logits.device))[0])
         if token in self.stop_ids:
             self.stop_reason, self.piece = "stop", ""
             return None

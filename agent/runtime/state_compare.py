@@ -37,6 +37,14 @@ from agent.runtime.state import RecurrentState
 # so 1e-2 sits 20x above the noise and 3.6x below the faintest single-token change seen
 # (a token 2,000 back in a 4k window state: it survives only in the GLA branch's sum).
 ROW_TOLERANCE = 1e-2
+# int8 weights have two runtimes with two roundings: torch's (`quant.Int8Linear`: activations
+# and sums rounded to bf16) and the torch-free engine's (`native/engine.py`: activations to
+# int16 per row, exact int32 sums), and a session may hold states of both (it moves between
+# `serve` and `chat`). Measured on the default model (recipes/experiments/runtime_parity.py:
+# the engine's state against torch's for the same tokens): worst row 0.091 after a 700-token
+# prefill and 44 steps, 0.048 after 2,000 and 40; one token wrong half way back moves it by
+# 0.54 (above). So an int8 model's states are held to 0.2 instead.
+INT8_ROW_TOLERANCE = 0.2
 # Rows smaller than this fraction of their layer's RMS row norm are measured against it.
 ROW_FLOOR = 1e-3
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 StateSpec = dict[str, tuple[tuple[int, ...], str]]  # a mixer's per-layer state: name -> (shape, dtype)
+WINDOW_USES_POSITIONS = True  # the window mixer reads `pos` (`WindowAttention.uses_positions`)
 
 
 def memory_spec(config: Any, batch: int) -> StateSpec:

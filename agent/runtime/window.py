@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
 from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, novelty, recall_error, twin_ok
-from agent.runtime.state_spec import window_state_spec
+from agent.runtime.state_spec import WINDOW_USES_POSITIONS, window_state_spec
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -368,7 +368,7 @@ class WindowAttention(nn.Module):
     interface of `mixers.py`. State: win_k, win_v [B, G, S + W, D], gla [B, H, F, D + 1]
     with the branch; it reads positions."""
 
-    uses_positions: ClassVar[bool] = True
+    uses_positions: ClassVar[bool] = WINDOW_USES_POSITIONS
     FUSED = ("q_proj", "k_proj", "v_proj")  # one matmul when fused for inference (`layers.fuse_linears_`)
 
     @staticmethod
