@@ -17,7 +17,7 @@ reads the very same bytes. A blob is safetensors bytes:
 A gla/conv state is version 1, its layout always `STATE_LAYOUT` (so old blobs load and equal
 states give equal bytes); any other layout is version 3, the layout naming each tensor and
 its shape in the state's own order. Version 2 stored the window ring's keys un-rotated:
-`rotate_ring_keys_np` (or `window.rotate_ring_keys`) converts them.
+`native.engine.rotate_ring_keys` (or `window.rotate_ring_keys`) converts them.
 
 Tensors travel as `(name, dtype code, shape, raw bytes)`: dtype code "F32" or "I64", raw
 bytes little-endian and C-order (bytes, bytearray or memoryview).
@@ -256,7 +256,7 @@ class DecodedState:
 
     @property
     def unrotated_keys(self) -> bool:
-        """A version-2 window state: its ring keys need `rotate_ring_keys_np` (or the torch
+        """A version-2 window state: its ring keys need `native.engine.rotate_ring_keys` (or the torch
         `window.rotate_ring_keys`) with the model's rope theta before use."""
         return self.version == UNROTATED_FORMAT_VERSION and "win_k" in self.tensors
 
@@ -295,22 +295,3 @@ def decode_state(data: Buffer, *, fingerprint: str | None = None, architecture: 
     ordered = {n: tensors[n] for n in names}
     check_positions(ordered, n_tokens)
     return DecodedState(meta=meta, version=version, n_tokens=n_tokens, tensors=ordered)
-
-
-def rotate_ring_keys_np(win_k: "np.ndarray", theta: float, sign: int = 1) -> "np.ndarray":
-    """Keys [..., S + W, D] rotated to their slots' angles (sign -1: back to un-rotated), in
-    win_k's dtype: `window.rotate_ring_keys` (the runtime's `rope`, rotate-half layout) in
-    numpy, for a version-2 blob read without torch. numpy is imported here, not at the top,
-    so reading and writing blobs needs nothing but the standard library."""
-    import numpy as np
-
-    dtype = win_k.dtype
-    D = win_k.shape[-1]
-    # As layers.rope_cos_sin: inverse frequencies in fp32, angles and cos/sin in x's dtype.
-    inv = (1.0 / (np.float32(theta) ** (np.arange(0, D, 2).astype(np.float32) / np.float32(D)))).astype(np.float32)
-    slots = (sign * np.arange(win_k.shape[-2])).astype(dtype)
-    ang = slots[:, None] * inv.astype(dtype)[None, :]
-    emb = np.concatenate([ang, ang], axis=-1)
-    cos, sin = np.cos(emb), np.sin(emb)
-    half = np.concatenate([-win_k[..., D // 2 :], win_k[..., : D // 2]], axis=-1)
-    return (win_k * cos + half * sin).astype(dtype, copy=False)

@@ -16,6 +16,7 @@ import torch
 
 from agent.runtime.checkpoint import load_model
 from agent.runtime.model import build_model
+from agent.runtime.native.engine import rotate_ring_keys as rotate_ring_keys_np
 from agent.runtime.state import RecurrentState, tensor_bytes
 from agent.runtime.state_format import (
     StateCorruptError,
@@ -24,7 +25,6 @@ from agent.runtime.state_format import (
     decode_state,
     encode_state,
     read_state_metadata,
-    rotate_ring_keys_np,
 )
 from agent.runtime.window import rotate_ring_keys
 from tests.runtime.test_window import window_config

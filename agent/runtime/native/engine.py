@@ -172,6 +172,15 @@ def rope_cos_sin(positions: np.ndarray, dim: int, theta: float) -> tuple[np.ndar
     return np.cos(emb), np.sin(emb)
 
 
+def rotate_ring_keys(win_k: np.ndarray, theta: float, sign: int = 1) -> np.ndarray:
+    """`window.rotate_ring_keys` in numpy: ring keys [..., S + W, D] rotated to their slots'
+    angles (sign -1: back), for a version-2 state blob read without torch."""
+    D = win_k.shape[-1]
+    cos, sin = rope_cos_sin(sign * np.arange(win_k.shape[-2]), D, theta)
+    half = np.concatenate([-win_k[..., D // 2 :], win_k[..., : D // 2]], axis=-1)
+    return (win_k * cos + half * sin).astype(win_k.dtype, copy=False)
+
+
 def step_tables(S: int, W: int, D: int, theta: float) -> tuple[np.ndarray, ...]:
     """`window_decode.step_tables`'s cos3, sin3, row and bias (see there), for the kernel."""
     t = np.arange(S + 2 * W)[:, None]

@@ -24,9 +24,9 @@ import numpy as np
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.decoding import Runner, segment_length
-from agent.runtime.native.engine import Engine, EngineState, EngineUnavailable
+from agent.runtime.native.engine import Engine, EngineState, EngineUnavailable, rotate_ring_keys
 from agent.runtime.sampling import make_rng
-from agent.runtime.state_format import StateCorruptError, StateModelMismatchError, decode_state, encode_state, rotate_ring_keys_np
+from agent.runtime.state_format import StateCorruptError, StateModelMismatchError, decode_state, encode_state
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import Tokenizer
 
@@ -90,7 +90,7 @@ def load_array_state(data: bytes, spec: dict[str, tuple[tuple[int, ...], str]], 
                                           "load the original model, or replay the transcript into a fresh state for this one")
         arrays[name] = np.frombuffer(raw, dtype=wdtype).reshape(shape).copy()  # stepped in place: never the blob's bytes
     if blob.unrotated_keys:  # an older blob's ring keys at their tokens' angles: rotate them to their slots'
-        arrays["win_k"] = rotate_ring_keys_np(arrays["win_k"], config.rope_theta)
+        arrays["win_k"] = rotate_ring_keys(arrays["win_k"], config.rope_theta)
     pos = int(arrays.pop(POSITIONS)[0, 0])
     state = ArrayState(EngineState({n: arrays[n] for n in spec}, pos), blob.n_tokens)
     state.check_positions()
