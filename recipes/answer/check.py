@@ -54,7 +54,7 @@ def replies(lm: LoadedModel) -> list[list[int]]:
 @torch.inference_mode()
 def nll(lm: LoadedModel, context: list[int], target: list[int]) -> tuple[float, int]:
     """Summed negative log-likelihood of `target` after `context`, and its token count."""
-    ids = torch.tensor([context + target])
+    ids = torch.tensor([context + target], device=lm.model.embed.weight.device)
     logits, _ = lm.model(ids[:, :-1], lm.model.new_state(1))
     tail = logits[0, len(context) - 1 :].float()
     return float(F.cross_entropy(tail, ids[0, len(context) :], reduction="sum")), len(target)
@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     tuned_arg.add_argument("--delta", help="delta safetensors (agent/runtime/delta.py) applied to the base")
     tuned_arg.add_argument("--tuned", help="a tuned model directory (e.g. `laplace finetune --tune all` output)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the models run (float32 either way)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    lm = load_model_dir(a.model)
+    lm = load_model_dir(a.model, device=a.device)
     text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
     gpl_text = license_text()
     gpl = lm.tokenizer.encode(gpl_text)[:TEXT_TOKENS] if gpl_text else None
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         apply_delta(lm.model, tensors, fmt)
         tuned = lm
     else:
-        tuned = load_model_dir(a.tuned)
+        tuned = load_model_dir(a.tuned, device=a.device)
     after = losses(tuned, chats, text, gpl)
     tuned_replies = replies(tuned)
     dec = lm.tokenizer.decode

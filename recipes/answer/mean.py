@@ -1,12 +1,22 @@
-"""The mean of LoRA deltas along one run's path: each factor averaged, key by key.
+"""The mean of LoRA deltas along one run's path: each factor averaged, key by key; or, with
+`--soup`, the mean of the deltas themselves (any runs from the same base).
 
     python -m recipes.answer.mean RUN_B/delta.safetensors RUN_C/delta.safetensors --out mean.safetensors
+    python -m recipes.answer.mean --soup A/delta.safetensors C/delta.safetensors --out soup.safetensors [--half]
 
 Run 3c continued run 3b's adapters, so the two deltas are points on one path; their factors'
 mean is a rank-r delta between them (not the mean of the two products B @ A, which would
 take rank 2r and twice the bytes). Issue 36 ships the mean of run 3b and run 3c: run 3c
 traded recall for "not told", and the mean kept the better of each (ANSWER.md, "Run 3c").
 Only "lora" deltas with the same keys and shapes are averaged; anything else is refused.
+
+`--soup` is for runs that share only the base (a weight-space "model soup"): the delta whose
+change to each weight is the mean of the runs' changes, (B1 A1 + ... + Bn An) / n, written
+exactly as a LoRA pair of the summed rank (the A's stacked, the B's side by side and scaled
+by 1/n). A key only some runs adapt gets its mean with the others' zero change. `--rank R`
+keeps the best rank-R approximation of each mean change instead (truncated SVD). `--half`
+stores the factors in float16, half the bytes (two rank-16 runs: rank 32 in the bytes of one
+rank-16 float32 delta); applying a delta computes in float32 either way.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from agent.runtime.delta import DeltaError, read_delta, write_delta
+from agent.runtime.delta import DeltaError, lora_pairs, read_delta, write_delta
 
 
 def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -36,17 +46,58 @@ def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: (sum(d[k].double() for d in deltas) / len(deltas)).to(first[k].dtype) for k in first}
 
 
+def soup_lora(paths: list[Path], dtype: torch.dtype = torch.float32, rank: int | None = None) -> dict[str, torch.Tensor]:
+    if len(paths) < 2:
+        raise DeltaError("give at least two deltas to mix")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise DeltaError(f"{missing[0]}: no such file; give the delta.safetensors of each run")
+    pairs = [lora_pairs(read_delta(p, ("lora",))[0]) for p in paths]
+    out: dict[str, torch.Tensor] = {}
+    for key in sorted(set().union(*pairs)):
+        have = [d[key] for d in pairs if key in d]
+        shapes = {(a.shape[1], b.shape[0]) for a, b in have}
+        if len(shapes) > 1:
+            raise DeltaError(f"{key}: the runs adapt it with different shapes {sorted(shapes)}; they are not of one base")
+        a = torch.cat([a.double() for a, _ in have])
+        b = torch.cat([b.double() for _, b in have], 1) / len(paths)
+        if rank is not None and rank < a.shape[0]:
+            a, b = _truncate(a, b, rank)
+        out[key + ".lora_A"], out[key + ".lora_B"] = a.to(dtype), b.to(dtype)
+    return out
+
+
+def _truncate(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best rank-`rank` approximation of b @ a (truncated SVD, through the QR factors of
+    the two thin matrices, so the full weight-sized product is never formed), split evenly."""
+    qb, rb = torch.linalg.qr(b)  # b = qb rb
+    qa, ra = torch.linalg.qr(a.T)  # a = ra^T qa^T
+    u, s, vh = torch.linalg.svd(rb @ ra.T)
+    root = s[:rank].sqrt()
+    return (root[:, None] * (vh[:rank] @ qa.T)), ((qb @ u[:, :rank]) * root)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("deltas", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--soup", action="store_true", help="the mean of the deltas (B A), not of their factors: runs that share only the base")
+    ap.add_argument("--half", action="store_true", help="store the factors in float16")
+    ap.add_argument("--rank", type=int, help="--soup: keep the best rank-R approximation of each mean (truncated SVD)")
     a = ap.parse_args(argv)
+    names = ", ".join(f"{p.parent.name}/{p.name}" for p in a.deltas)
     try:
-        tensors = mean_lora(a.deltas)
+        if a.soup:
+            tensors = soup_lora(a.deltas, torch.float16 if a.half else torch.float32, a.rank)
+        else:
+            tensors = mean_lora(a.deltas)
+            if a.half:
+                tensors = {k: v.half() for k, v in tensors.items()}
     except DeltaError as e:
         raise SystemExit(f"error: {e}") from None
-    write_delta(a.out, tensors, "lora", {"note": "mean of the LoRA factors of " + ", ".join(f"{p.parent.name}/{p.name}" for p in a.deltas)})
-    print(f"wrote {a.out}: the mean of {len(a.deltas)} deltas' factors ({len(tensors)} tensors)")
+    what = "the mean of the deltas" if a.soup else "the mean of the LoRA factors"
+    write_delta(a.out, tensors, "lora", {"note": f"{what} of {names}"})
+    print(f"wrote {a.out}: {what} of {len(a.deltas)} deltas ({len(tensors)} tensors, {a.out.stat().st_size:,} bytes)")
 
 
 if __name__ == "__main__":

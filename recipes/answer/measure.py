@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", choices=("probe", "heldout2"), default="probe")
     ap.add_argument("--refresh", choices=("off", "on"), default="off", help="on: the recall block chat would fold is read first")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the model runs (float32 either way)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    lm = load_model_dir(a.model)
+    lm = load_model_dir(a.model, device=a.device)
     if a.delta:
         apply_delta(lm.model, *read_delta(a.delta))
     with concept_set(a.set):

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--limit", type=int, help="stop after this many new requests (rerun to continue)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the model runs (float32 either way)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     todo = [r for r in SETS[a.set] if r not in done_requests(a.out)]
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         print(f"all {len(SETS[a.set])} requests of --set {a.set} are in {a.out}")
         return
-    lm = load_model_dir(a.model)
+    lm = load_model_dir(a.model, device=a.device)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     kept = 0
     t0 = time.perf_counter()
