@@ -48,10 +48,14 @@ WINDOW_ARGS = (
     _P, _P, _I, _F, _P,  # q_map, k_map, F0, gate_normalizer, mix
     _F, _I, _F, _P, _L, _I,  # scale, gated, eps, y, y_stride, threads
 )
+# laplace_window_memory: laplace_window's, then the memory's (the engine's "novelty" memory):
+# mem_k, mem_v, mem_score, mem_pos, M, mem_tab, span, twin_cut.
+WINDOW_MEMORY_ARGS = WINDOW_ARGS + (_P, _P, _P, _P, _I, _P, _I, _F)
 ADD_NORM_ARGS = (_P, _P, _I, _P, _I, _P, _F, _P, _P, _I)  # x, y, y_bf16, y_scale, n, w, eps, out_f, out, out_bf16
 SILU_MUL_ARGS = (_P, _I, _P, _I, _P, _I)  # gu, gu_bf16, gu_scale, n, out, out_bf16
 MATMUL_I8_ARGS = (_P, _L, _I, _P, _P, _I, _P, _L, _I)  # x, T, K, w, scale, N, out, out_stride, threads
-KERNELS = {"laplace_window": WINDOW_ARGS, "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS,
+KERNELS = {"laplace_window": WINDOW_ARGS, "laplace_window_memory": WINDOW_MEMORY_ARGS,
+           "laplace_add_norm": ADD_NORM_ARGS, "laplace_silu_mul": SILU_MUL_ARGS,
            "laplace_matmul_i8": MATMUL_I8_ARGS, "laplace_matmul_i8_vnni": (),
            "laplace_add_norm_rows": (_P, _P, _L, _I, _P, _F, _P),  # x, y, T, n, w, eps, out
            "laplace_silu_mul_rows": (_P, _L, _I, _P)}  # gu, T, n, out
@@ -161,7 +165,7 @@ def library() -> ctypes.CDLL | None:
         for name, argtypes in KERNELS.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = ctypes.c_int if name in ("laplace_window", "laplace_matmul_i8_vnni") else None
+            fn.restype = ctypes.c_int if name in ("laplace_window", "laplace_window_memory", "laplace_matmul_i8_vnni") else None
     except (OSError, subprocess.SubprocessError) as e:
         _status = f"off: the kernel did not build or load ({e}); the torch step runs instead"
         return None

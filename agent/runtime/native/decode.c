@@ -1,7 +1,8 @@
 /* Batch-1 kernels: everything a window-mixer model's step does between its matmuls.
  *
  * laplace_window: the window mixer after the q/k/v projection for T tokens in a row
- *   (`window_decode.window_step_`'s math; T = 1 a decode step, more a prefill);
+ *   (`window_decode.window_step_`'s math; T = 1 a decode step, more a prefill), and
+ *   laplace_window_memory: the same with the memory of evicted tokens ("novelty" policy);
  * laplace_add_norm: the residual add and the next RMSNorm; laplace_silu_mul: the GLU's middle
  * (and their _rows forms for a prefill's rows);
  * laplace_matmul_i8: int8 weights times fp32 rows (`native/engine.py`, the torch-free runtime).
@@ -24,6 +25,12 @@
  *   xin [d_model]                the mixer's fp32 input (the branch's decay reads it)
  *   decay_w [H, d_model], decay_b [H], q_map, k_map [H, D, F0] (NULL: the elu map, F = D)
  *   y [H, D]                     the output, before o_proj (bf16 with io_bf16)
+ *   mem_k, mem_v [G, M, D],      the memory of evicted tokens (`memory.py`, "novelty" policy;
+ *   mem_score [G, M],            mem_k NULL: no memory), written in place: slots in position
+ *   mem_pos [G, M] int64         order, empty ones (mem_pos 0) first
+ *   mem_tab [2 + 2W, D]          the memory's angles: cos, sin (signed) of W, at which a query
+ *                                reads it; cos [W, D], sin [W, D] of the window slots' angles
+ *                                S .. S + W - 1, to rotate their keys back for the score
  *
  * No fast-math: the sums are IEEE fp32; `omp simd` lets the dot products vectorize.
  */
@@ -551,6 +558,52 @@ static void rotate(float *out, const float *x, const float *cos, const float *si
     for (int i = 0; i < D; i++) out[i] = x[i] * cos[i] + sign * (x[(i + half) % D] * sin[i]);
 }
 
+/* memory.novelty for the key leaving a group's window: ev [D] (un-rotated) against the keys
+ * in its ring's window slots after this step's write, rotated back from their slots' angles
+ * (cos_r, sin_r [W, D]); a slot counts only when its token lies more than `span` positions
+ * after the leaving one (window_decode.StepTables.twin). twin_cut: 1 - memory.TWIN. */
+static float novelty_score(const float *ev, const float *ring, const float *cos_r, const float *sin_r, int64_t slot,
+                           int S, int W, int D, int span, float twin_cut) {
+    float back[D];
+    float ne = sqrtf(dot(ev, ev, D)), near = -1.0f;  /* max over no key: -1 */
+    ne = ne > 1e-12f ? ne : 1e-12f;  /* F.normalize's eps */
+    for (int j = 0; j < W; j++) {
+        int64_t d = ((slot - S - j) % W + W) % W;  /* slot S + j holds the token d steps before this one */
+        if (W - d <= span) continue;
+        rotate(back, ring + (int64_t)(S + j) * D, cos_r + (int64_t)j * D, sin_r + (int64_t)j * D, D, -1.0f);
+        float nb = sqrtf(dot(back, back, D));
+        nb = nb > 1e-12f ? nb : 1e-12f;
+        float c = dot(ev, back, D) / ne / nb;
+        near = c > near ? c : near;
+    }
+    float s = twin_cut - near;
+    return s > 0.0f ? s : 0.0f;
+}
+
+/* memory.admit for one step: the token leaving the window (k, v [D], its score, pos = 1 + its
+ * position, later than every slot's) into a group's M slots. The memory is the M best by
+ * (score, position), so the newcomer takes an empty slot (slot 0: empty ones come first) or
+ * replaces the worst slot (lowest score; on a tie the earlier token) when it ranks above it,
+ * which on a tie it does (it is the later token). The slots after the freed one move down
+ * one, and the newcomer goes last: position order stays. */
+static void admit_one(float *mk, float *mv, float *ms, int64_t *mp, int M, int D, const float *k, const float *v,
+                      float score, int64_t pos) {
+    int out = 0;
+    if (mp[0] != 0) {
+        for (int j = 1; j < M; j++) out = ms[j] < ms[out] ? j : out;
+        if (!(score >= ms[out])) return;
+    }
+    int n = M - 1 - out;
+    memmove(mk + (int64_t)out * D, mk + (int64_t)(out + 1) * D, sizeof(float) * n * D);
+    memmove(mv + (int64_t)out * D, mv + (int64_t)(out + 1) * D, sizeof(float) * n * D);
+    memmove(ms + out, ms + out + 1, sizeof(float) * n);
+    memmove(mp + out, mp + out + 1, sizeof(int64_t) * n);
+    memcpy(mk + (int64_t)(M - 1) * D, k, sizeof(float) * D);
+    memcpy(mv + (int64_t)(M - 1) * D, v, sizeof(float) * D);
+    ms[M - 1] = score;
+    mp[M - 1] = pos;
+}
+
 static float logsigmoid(float z) { return fminf(z, 0.0f) - log1pf(expf(-fabsf(z))); }
 
 /* phi(x) for head h: hedgehog softmax(x M_h) ++ softmax(-x M_h) (M [H, D, F0]), or elu(x) + 1. */
@@ -584,10 +637,12 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
     const float *sin3, const int64_t *row, const float *bias, int64_t slot, int leaves, int H, int G, int D, \
     int N, float *gla, const float *xin, int d_model, const float *decay_w, const float *decay_b,          \
     const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix, float scale,   \
-    int gated, float eps, void *y
-#define TOKEN_ARGS(D)                                                                                     \
+    int gated, float eps, void *y, int64_t t, int S, float *const *mk, float *const *mv, float *const *ms,      \
+    int64_t *const *mp, int M, const float *mem_tab, int span, float twin_cut
+#define TOKEN_ARGS(D, M)                                                                                  \
     qkv, io_bf16, qkv_scale, rk, rv, h0, h1, cos3, sin3, row, bias, slot, leaves, H, G, D, N, gla, xin,     \
-    d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y
+    d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y, t, S, mk, mv, ms, \
+    mp, M, mem_tab, span, twin_cut
 
 /* The window mixer for T consecutive tokens from position t0 (T = 1: a decode step; more: a
  * batch-1 prefill, token after token, so its numbers are the step's). Row t of qkv, xin and y
@@ -596,13 +651,15 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
 static void window_token_d64(TOKEN_PARAMS);
 static void window_token_any(TOKEN_PARAMS);
 
-/* A run of tokens over the heads [h0, h1), with the rings of the groups they read: rk[g],
- * rv[g] [N, D] (the state's, or a thread's private copy of a group another thread owns). */
+/* A run of tokens over the heads [h0, h1), with the rings (and memories) of the groups they
+ * read: rk[g], rv[g] [N, D], mk[g], mv[g] [M, D], ms[g], mp[g] [M] (the state's, or a thread's
+ * private copy of a group another thread owns). */
 struct run {
     const void *qkv; int io_bf16; const float *qkv_scale; int64_t qkv_stride; float *rk[64], *rv[64]; int h0, h1;
     const float *cos3, *sin3; const int64_t *row; const float *bias; int64_t t0; int T, H, G, D, S, W;
     float *gla; const float *xin; int64_t xin_stride; int d_model; const float *decay_w, *decay_b, *q_map, *k_map;
     int F0; float gate_normalizer; const float *mix; float scale; int gated; float eps; void *y; int64_t y_stride;
+    float *mk[64], *mv[64], *ms[64]; int64_t *mp[64]; int M; const float *mem_tab; int span; float twin_cut;
 };
 
 static void *run_tokens(void *arg) {
@@ -618,7 +675,8 @@ static void *run_tokens(void *arg) {
             (const char *)j->qkv + i * j->qkv_stride * esize, j->io_bf16, j->qkv_scale, j->rk, j->rv, j->h0, j->h1,
             j->cos3 + c * 3 * D, j->sin3 + c * 3 * D, j->row + c * N, j->bias + c * N, slot, c >= N, j->H, j->G, D, N,
             j->gla, j->xin + i * j->xin_stride, j->d_model, j->decay_w, j->decay_b, j->q_map, j->k_map, j->F0,
-            j->gate_normalizer, j->mix, j->scale, j->gated, j->eps, (char *)j->y + i * j->y_stride * esize);
+            j->gate_normalizer, j->mix, j->scale, j->gated, j->eps, (char *)j->y + i * j->y_stride * esize, t, S,
+            j->mk, j->mv, j->ms, j->mp, j->M, j->mem_tab, j->span, j->twin_cut);
     }
     FTZ_OFF(mode);
     return NULL;
@@ -627,23 +685,39 @@ static void *run_tokens(void *arg) {
 /* With threads = 2 and more than one token (a prefill) the heads are split in two halves,
  * each run through all T tokens by its own thread: heads (and their branch states) are
  * independent, and so are the groups' rings, but for a group split between the halves; the
- * second thread reads a private copy of that one, written with the same keys (its writes to
- * the state's ring would race the first thread's reads). */
-int laplace_window(
-    const void *qkv, int io_bf16, const float *qkv_scale, int64_t qkv_stride, float *win_k, float *win_v,
-    const float *cos3, const float *sin3, const int64_t *row, const float *bias,
-    int64_t t0, int T, int H, int G, int D, int S, int W,
-    float *gla, const float *xin, int64_t xin_stride, int d_model, const float *decay_w, const float *decay_b,
-    const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix,
-    float scale, int gated, float eps, void *y, int64_t y_stride, int threads) {
+ * second thread reads a private copy of that one (and of its memory), written with the same
+ * keys (its writes to the state's would race the first thread's reads).
+ * laplace_window_memory adds the memory (M slots, mem_tab, span = memory.NOVELTY_SPAN,
+ * twin_cut = 1 - memory.TWIN): `window_decode.window_step_`'s with the "novelty" policy. */
+#define WINDOW_PARAMS                                                                                       \
+    const void *qkv, int io_bf16, const float *qkv_scale, int64_t qkv_stride, float *win_k, float *win_v,  \
+    const float *cos3, const float *sin3, const int64_t *row, const float *bias,                             \
+    int64_t t0, int T, int H, int G, int D, int S, int W,                                                    \
+    float *gla, const float *xin, int64_t xin_stride, int d_model, const float *decay_w, const float *decay_b, \
+    const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix,                 \
+    float scale, int gated, float eps, void *y, int64_t y_stride, int threads
+#define WINDOW_ARGS                                                                                         \
+    qkv, io_bf16, qkv_scale, qkv_stride, win_k, win_v, cos3, sin3, row, bias, t0, T, H, G, D, S, W, gla, xin, \
+    xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y,      \
+    y_stride, threads
+
+static int window_rows(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_score, int64_t *mem_pos, int M,
+                       const float *mem_tab, int span, float twin_cut) {
     if (H <= 0 || G <= 0 || G > 64 || H % G || D % 2 || S < 0 || W <= 0 || T < 0) return 1;
+    if (mem_k && (M <= 0 || !mem_v || !mem_score || !mem_pos || !mem_tab)) return 1;
     const int N = S + W, R = H / G;
     struct run job = {qkv, io_bf16, qkv_scale, qkv_stride, {0}, {0}, 0, H, cos3, sin3, row, bias, t0, T, H, G, D, S, W,
                       gla, xin, xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale,
-                      gated, eps, y, y_stride};
+                      gated, eps, y, y_stride, {0}, {0}, {0}, {0}, mem_k ? M : 0, mem_tab, span, twin_cut};
     for (int g = 0; g < G; g++) {
         job.rk[g] = win_k + (int64_t)g * N * D;
         job.rv[g] = win_v + (int64_t)g * N * D;
+        if (mem_k) {
+            job.mk[g] = mem_k + (int64_t)g * M * D;
+            job.mv[g] = mem_v + (int64_t)g * M * D;
+            job.ms[g] = mem_score + (int64_t)g * M;
+            job.mp[g] = mem_pos + (int64_t)g * M;
+        }
     }
     if (threads < 2 || T < 2 || H < 2) {
         run_tokens(&job);
@@ -653,13 +727,31 @@ int laplace_window(
     int split = (H + 1) / 2, shared = split % R ? split / R : -1;
     job.h1 = second.h0 = split;
     float *copy = NULL;
+    int64_t *copy_pos = NULL;
     if (shared >= 0) {
-        copy = malloc(sizeof(float) * 2 * N * D);
-        if (!copy) return 2;
+        const int64_t MD = (int64_t)job.M * D;  /* the memory's part (0 without one) */
+        copy = malloc(sizeof(float) * (2 * N * D + 2 * MD + job.M));
+        if (job.M) copy_pos = malloc(sizeof(int64_t) * job.M);
+        if (!copy || (job.M && !copy_pos)) {
+            free(copy);
+            free(copy_pos);
+            return 2;
+        }
         memcpy(copy, job.rk[shared], sizeof(float) * N * D);
         memcpy(copy + N * D, job.rv[shared], sizeof(float) * N * D);
         second.rk[shared] = copy;
         second.rv[shared] = copy + N * D;
+        if (job.M) {
+            float *m = copy + 2 * N * D;
+            memcpy(m, job.mk[shared], sizeof(float) * MD);
+            memcpy(m + MD, job.mv[shared], sizeof(float) * MD);
+            memcpy(m + 2 * MD, job.ms[shared], sizeof(float) * job.M);
+            memcpy(copy_pos, job.mp[shared], sizeof(int64_t) * job.M);
+            second.mk[shared] = m;
+            second.mv[shared] = m + MD;
+            second.ms[shared] = m + 2 * MD;
+            second.mp[shared] = copy_pos;
+        }
     }
     pthread_t tid;
     int started = pthread_create(&tid, NULL, run_tokens, &second) == 0;
@@ -667,12 +759,22 @@ int laplace_window(
     if (started) pthread_join(tid, NULL);
     else run_tokens(&second);
     free(copy);
+    free(copy_pos);
     return 0;
 }
 
-/* One token (the body of laplace_window), inlined twice: with D = 64 (the default model's
+int laplace_window(WINDOW_PARAMS) { return window_rows(WINDOW_ARGS, NULL, NULL, NULL, NULL, 0, NULL, 0, 0.0f); }
+
+int laplace_window_memory(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_score, int64_t *mem_pos, int M,
+                          const float *mem_tab, int span, float twin_cut) {
+    if (!mem_k) return 1;
+    return window_rows(WINDOW_ARGS, mem_k, mem_v, mem_score, mem_pos, M, mem_tab, span, twin_cut);
+}
+
+/* One token (the body of laplace_window), inlined three times: with D = 64 (the default model's
  * head size) a compile-time constant, so the dot products unroll and the 64 accumulators of
- * a head's output stay in registers (2.5x faster here), and with any D. */
+ * a head's output stay in registers (2.5x faster here), once without a memory (M = 0 a
+ * constant too: none of its work is compiled in) and once with; and with any D. */
 static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
     const int R = H / G, F = q_map ? 2 * F0 : D, DV = D + 1;
     float q[H * D], k[G * D], v[G * D];
@@ -684,7 +786,7 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
     const float *cos_k = cos3 + D, *sin_k = sin3 + D;  /* a key is stored at its slot's angle (row 1) */
     float ev_k[G][D], ev_v[G][D];
     const int g_lo = h0 / R, g_hi = (h1 - 1) / R;  /* the groups these heads read */
-    if (gla) { /* the key and value leaving the window: the slot's old content, read before the write */
+    if (gla || M) { /* the key and value leaving the window: the slot's old content, read before the write */
         for (int g = g_lo; g <= g_hi; g++) {
             rotate(ev_k[g], rk[g] + slot * D, cos_k, sin_k, D, -1.0f);
             memcpy(ev_v[g], rv[g] + slot * D, sizeof(float) * D);
@@ -694,10 +796,19 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
         rotate(rk[g] + slot * D, k + g * D, cos_k, sin_k, D, 1.0f);
         memcpy(rv[g] + slot * D, v + g * D, sizeof(float) * D);
     }
+    if (M && leaves) { /* the memory: the leaving token scored against the window left after the write, then admitted */
+        const int W = N - S;
+        for (int g = g_lo; g <= g_hi; g++) {
+            float score = novelty_score(ev_k[g], rk[g], mem_tab + 2 * D, mem_tab + (2 + (int64_t)W) * D, slot, S, W, D,
+                                        span, twin_cut);
+            admit_one(mk[g], mv[g], ms[g], mp[g], M, D, ev_k[g], ev_v[g], score, t - W + 1);
+        }
+    }
     /* Each query head at the three angles, scored against every slot with its row's angle:
      * a group's R heads together, so each key is read once. */
     const float qscale = 1.0f / sqrtf((float)D);
     float qs[D], qr[R][3][D], P[R][N], num[D];
+    float qm[M ? R : 1][D], pm[M ? M : 1], num_m[D];  /* the memory's: queries at angle W, scores, read */
     for (int h = h0; h < h1; h++) {
         int g = h / R, r = h % R;
         const float *kg = rk[g], *vg = rv[g];
@@ -706,16 +817,28 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
             for (int rr = ra; rr < rb; rr++) {
                 for (int i = 0; i < D; i++) qs[i] = q[(g * R + rr) * D + i] * qscale;
                 for (int a = 0; a < 3; a++) rotate(qr[rr][a], qs, cos3 + a * D, sin3 + a * D, D, 1.0f);
+                if (M) rotate(qm[rr], qs, mem_tab, mem_tab + D, D, 1.0f);
             }
             group_scores(&P[ra][0], &qr[ra][0][0], kg, row, bias, rb - ra, N, D);
         }
         float *p = P[r], m = -INFINITY;
 #pragma omp simd reduction(max : m)
         for (int s = 0; s < N; s++) m = p[s] > m ? p[s] : m;
+        if (M) { /* the memory's slots join the same softmax (an empty slot: -inf) */
+            for (int j = 0; j < M; j++) {
+                pm[j] = mp[g][j] != 0 ? dot(qm[r], mk[g] + (int64_t)j * D, D) : -INFINITY;
+                m = pm[j] > m ? pm[j] : m;
+            }
+        }
         float den = 0.0f;
 #pragma omp simd reduction(+ : den)
         for (int s = 0; s < N; s++) { p[s] = vexp(p[s] - m); den += p[s]; }
         weighted_rows(num, p, vg, N, D, D);
+        if (M) {
+            for (int j = 0; j < M; j++) { pm[j] = vexp(pm[j] - m); den += pm[j]; }
+            weighted_rows(num_m, pm, mv[g], M, D, D);
+            for (int i = 0; i < D; i++) num[i] += num_m[i];
+        }
         const int64_t yh = (int64_t)h * D;
         if (!gla) {
             for (int i = 0; i < D; i++) store(y, io_bf16, yh + i, num[i] / den);
@@ -749,7 +872,8 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
 
 static void window_token_d64(TOKEN_PARAMS) {
     (void)D;
-    window_token(TOKEN_ARGS(64));
+    if (M == 0) window_token(TOKEN_ARGS(64, 0));
+    else window_token(TOKEN_ARGS(64, M));
 }
 
-static void window_token_any(TOKEN_PARAMS) { window_token(TOKEN_ARGS(D)); }
+static void window_token_any(TOKEN_PARAMS) { window_token(TOKEN_ARGS(D, M)); }

@@ -16,10 +16,11 @@ decodes never imports torch:
 - fp32: the weights file itself, mapped; every matmul is numpy's.
 
 The state is the torch state's tensors under the same names and shapes (`config.state_spec`)
-as numpy arrays, plus the count of tokens read. What it does not cover (memory slots, other
-mixers, biases, a missing or stale int8 cache) raises `EngineUnavailable`: the torch runtime
-runs those. The torch path's forward and step stay the reference it is tested against
-(tests/runtime/test_native_engine.py).
+as numpy arrays, plus the count of tokens read. A memory of evicted tokens (`memory.py`) runs
+in the window kernel (`laplace_window_memory`) with the "novelty" policy. What it does not
+cover (the other memory policies, other mixers, biases, a missing or stale int8 cache) raises
+`EngineUnavailable`: the torch runtime runs those. The torch path's forward and step stay
+the reference it is tested against (tests/runtime/test_native_engine.py, test_native_memory.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ from agent.runtime.state_spec import StateSpec, window_state_spec
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
 GATED_EPS = 1e-6  # window_decode.GATED_EPS (tested equal)
+NOVELTY_SPAN = 8  # memory.NOVELTY_SPAN (tested equal; memory.py imports torch)
+TWIN = 1e-4  # memory.TWIN (tested equal)
+MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")  # memory.MEMORY_NAMES (tested equal), laplace_window_memory's order
+# The memory policies the kernel scores ("recall" needs the branch's read, "attention" the softmax's weights).
+MEMORY_POLICIES = ("novelty",)
 # Rows per prefill pass, so its activations stay bounded at any prompt length: int8 128 (~4 MB:
 # its peak RSS is the tight one, and the VNNI matmul is as fast on 128 rows), fp32 512 (numpy's
 # GEMM: 484 tokens/s against 388 with 128 on the default model; ~16 MB).
@@ -198,6 +204,15 @@ def step_tables(S: int, W: int, D: int, theta: float) -> tuple[np.ndarray, ...]:
             np.ascontiguousarray(row), np.ascontiguousarray(bias))
 
 
+def memory_table(S: int, W: int, D: int, theta: float) -> np.ndarray:
+    """`window_decode.StepTables`' cos_mem, sin_mem [D] (the angle W the memory is read at)
+    and cos_ring, sin_ring [W, D] (the window slots' angles), sin signed, stacked [2 + 2W, D]."""
+    sign = np.concatenate([-np.ones(D // 2, np.float32), np.ones(D // 2, np.float32)])
+    cos_m, sin_m = rope_cos_sin(np.array([W]), D, theta)
+    cos_r, sin_r = rope_cos_sin(np.arange(S, S + W), D, theta)
+    return np.ascontiguousarray(np.concatenate([cos_m, sin_m * sign, cos_r, sin_r * sign]), np.float32)
+
+
 class Engine:
     """A loaded model: `new_state()`, `prefill(ids, state)` and `step(token, state)` -> logits."""
 
@@ -212,6 +227,9 @@ class Engine:
         c = config
         self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
         self.static = [self._window_args(i) for i in range(c.n_layers)]
+        # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
+        self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta) if c.memory_slots else None
+        self.mem_static = () if self.mem_table is None else (c.memory_slots, self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
         # With the VNNI form of the int8 matmul, a prefill's rows take it too (else numpy's GEMM).
         self.c_rows = 1 << 30 if lib.laplace_matmul_i8_vnni() else FEW_ROWS
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
@@ -219,14 +237,18 @@ class Engine:
     # ---- loading ----------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, model_dir: str | Path, *, weights: str = "int8", threads: int = 2) -> "Engine":
-        """The model in `model_dir` with int8 (the prepared cache) or fp32 weights."""
+    def load(cls, model_dir: str | Path, *, weights: str = "int8", threads: int = 2,
+             config: LaplaceConfig | None = None) -> "Engine":
+        """The model in `model_dir` with int8 (the prepared cache) or fp32 weights. `config`,
+        when given, replaces the directory's (the same weights: a memory's slots and policy
+        switched by `dataclasses.replace`, as `laplace bench window-memory` does)."""
         root = Path(model_dir)
-        try:
-            meta = json.loads((root / "config.json").read_text(encoding="utf-8"))
-            config = LaplaceConfig.from_dict(meta["model"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise EngineUnavailable(f"{root}: no readable config.json ({e})") from None
+        if config is None:
+            try:
+                meta = json.loads((root / "config.json").read_text(encoding="utf-8"))
+                config = LaplaceConfig.from_dict(meta["model"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise EngineUnavailable(f"{root}: no readable config.json ({e})") from None
         c = config
         why = cls.unsupported(c)
         if why:
@@ -283,8 +305,9 @@ class Engine:
         """Why the engine cannot run a model of config `c`, or None."""
         if c.mixer != "window":
             return f"the engine runs window-mixer models; this one's mixer is {c.mixer}"
-        if c.memory_slots:
-            return "the engine has no memory slots (window.memory_slots); the torch runtime runs them"
+        if c.memory_slots and c.memory_policy not in MEMORY_POLICIES:
+            return (f"the engine's memory keeps tokens by the \"novelty\" policy only; this model's memory_policy is "
+                    f"{c.memory_policy!r} (the torch runtime runs it)")
         if not c.ffn_dim or c.head_k_dim != c.head_v_dim or c.kv_heads > 64:
             return "the engine needs a GLU feed-forward, equal key and value head sizes, and at most 64 kv heads"
         return None
@@ -321,22 +344,29 @@ class Engine:
         return mid, [shape, tail]
 
     @staticmethod
-    def _state_ptrs(state: EngineState) -> tuple[int, int, int | None, int, int]:
-        """The state's ring and branch addresses and their per-layer strides (bytes)."""
-        wk, wv, gla = state.tensors["win_k"], state.tensors["win_v"], state.tensors.get("gla")
+    def _state_ptrs(state: EngineState) -> tuple[Any, ...]:
+        """The state's ring and branch addresses and their per-layer strides (bytes), then the
+        memory's (mem_k, mem_v, mem_score, mem_pos) as (address, stride) pairs, or None."""
+        t = state.tensors
+        wk, wv, gla = t["win_k"], t["win_v"], t.get("gla")
+        mem = None if "mem_k" not in t else tuple((t[n].ctypes.data, t[n].strides[0]) for n in MEMORY_NAMES)
         return (wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data, wk.strides[0],
-                0 if gla is None else gla.strides[0])
+                0 if gla is None else gla.strides[0], mem)
 
-    def _window(self, i: int, ptrs: tuple[int, int, int | None, int, int], t0: int, T: int, qkv: tuple[int, int],
+    def _window(self, i: int, ptrs: tuple[Any, ...], t0: int, T: int, qkv: tuple[int, int],
                 xin: tuple[int, int], y: tuple[int, int]) -> None:
         """The window mixer of layer i over T rows of qkv (fp32) from position t0: y written,
-        the layer's ring (and branch state) advanced in place. qkv, xin, y: (address, row
-        stride in floats); ptrs: `_state_ptrs`."""
+        the layer's ring (and branch state, memory) advanced in place. qkv, xin, y: (address,
+        row stride in floats); ptrs: `_state_ptrs`."""
         mid, (shape, tail) = self.static[i]
-        kp, vp, gp, ring, branch = ptrs
-        if self.lib.laplace_window(qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
-                                   None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1],
-                                   self.threads) != 0:
+        kp, vp, gp, ring, branch, mem = ptrs
+        args = (qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
+                None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1], self.threads)
+        if mem is None:
+            rc = self.lib.laplace_window(*args)
+        else:
+            rc = self.lib.laplace_window_memory(*args, *(at + i * stride for at, stride in mem), *self.mem_static)
+        if rc != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 
     def prefill(self, ids: list[int] | np.ndarray, state: EngineState) -> np.ndarray:
