@@ -7,7 +7,12 @@ state at most 32 MB (MiB, as every MB here) per session.
 Variants: `window` (memory_slots 0: the baseline), then `POLICY-M` for each M in
 --memory-slots (64,128) and each policy in --policy (recall,attention,novelty). Each runs in its own
 child process (`python -m agent.bench.window_memory_child`, so its timings and peak RSS are
-its own) on the model loaded as chat loads it (its card's dtype), only the config changed:
+its own) on the model loaded as chat loads it, only the config changed, on one runtime for
+all (--runtime): `engine`, the torch-free engine chat runs where it can (int8 weights when
+the card says int8, else fp32; the "novelty" memory only), or `torch` (the card's dtype; every
+policy). By default the engine when it runs every variant (as `cli/chat.py` engine_for
+decides: the card's dtype int8 or float32, the policies, the C kernels, the int8 cache), else
+torch; the report names the runtime and why. Measured:
 - prefill tok/s of a 512-token segment read after --context tokens (2048: past S + W + M,
   so the memory is full and turning over), median of 3 rounds;
 - decode tok/s of 128 greedy `step_` steps after that context, median of 3 rounds;
@@ -40,6 +45,7 @@ FLOOR_DECODE_TIME = 1.2  # issue 37: decode time per token at most 1.2x the wind
 FLOOR_STATE_MB = 32  # issue 37: the whole state per session
 POLICIES = MEMORY_POLICIES
 DEFAULT_SLOTS = (64, 128)
+RUNTIMES = ("torch", "engine")
 QUICK_PAST_FULL = 64  # --quick reads this many tokens past the point where the memory fills
 CHILD_TIMEOUT_S = 900.0
 MB = 2**20
@@ -77,6 +83,8 @@ class Plan:
     model_dir: Path
     variants: tuple[Variant, ...]
     sizes: Sizes
+    runtime: str = "torch"  # every child's: "torch" or "engine"
+    runtime_why: str = "--runtime torch"
 
 
 def parse_slots(text: str | None) -> tuple[int, ...]:
@@ -110,9 +118,10 @@ def variants(slots: Sequence[int], policies: Sequence[str]) -> tuple[Variant, ..
 
 
 def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], policies: Sequence[str], *, quick: bool,
-         context: int | None = None) -> Plan:
-    """The model directory, the variants and the sizes; a ValueError (one line, with the way
-    out) for a model or a choice this bench cannot measure. Reads config.json only."""
+         context: int | None = None, runtime: str | None = None) -> Plan:
+    """The model directory, the variants, the sizes and the runtime (`choose_runtime`); a
+    ValueError (one line, with the way out) for a model or a choice this bench cannot measure.
+    Reads config.json only, and for the default runtime maps the weights as the engine would."""
     from agent.runtime.checkpoint import ModelLoadError, read_config, resolve_model_path
 
     path = resolve_model_path(model, Path(models_dir) if models_dir else None)
@@ -122,6 +131,8 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
         config, _ = read_config(path)
     except ModelLoadError as exc:
         raise ValueError(str(exc)) from None
+    if runtime is not None and runtime not in RUNTIMES:
+        raise ValueError(f"--runtime takes torch or engine, got {runtime!r}")
     if config.mixer != "window":
         raise ValueError(f"{model} has the {config.mixer} mixer; this bench measures the window mixer's memory: "
                          "give a window model with -m (the default model is one)")
@@ -129,9 +140,10 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
         raise ValueError(f"{model} has no GLA branch, and the recall policy scores tokens by its recall error: "
                          "use --policy attention,novelty")
     vs = variants(slots, policies)
+    configs = {}
     for v in vs:
         try:
-            dataclasses.replace(config, memory_slots=v.slots, **({"memory_policy": v.policy} if v.policy else {}))
+            configs[v] = dataclasses.replace(config, memory_slots=v.slots, **({"memory_policy": v.policy} if v.policy else {}))
         except ValueError as exc:
             raise ValueError(f"variant {v.name}: {exc}") from None
     full = config.sinks + config.window + max(slots)  # tokens read when the largest memory is full
@@ -141,15 +153,50 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
         raise ValueError(f"--context {context} leaves the memory part empty: the largest (M = {max(slots)}) fills "
                          f"after S + W + M = {full} tokens; give --context {full} or more")
     sizes = Sizes(context, 64, 8, 1) if quick else Sizes(context, 512, 128, 3)
-    return Plan(path, vs, sizes)
+    return Plan(path, vs, sizes, *choose_runtime(path, configs, runtime))
+
+
+def choose_runtime(path: Path, configs: dict[Variant, Any], runtime: str | None) -> tuple[str, str]:
+    """(the runtime, why it): `runtime` when given (a ValueError for a variant the engine
+    refuses); None: the engine where chat would run every variant on it (`cli/chat.py`
+    engine_for: the card's dtype int8 or float32, then the engine loads), else torch."""
+    from agent.runtime.modeldir import ModelLoadError, card_run_dtype
+    from agent.runtime.native.engine import Engine, EngineUnavailable
+
+    if runtime == "torch":
+        return "torch", "--runtime torch"
+    why = Engine.unsupported(configs[WINDOW])  # the model itself, memory or not
+    refused = list(dict.fromkeys(v.policy for v, c in configs.items() if v != WINDOW and Engine.unsupported(c)))
+    if runtime == "engine":
+        if why:
+            raise ValueError(f"--runtime engine: {why}; --runtime torch runs it")
+        if refused:
+            raise ValueError(f"--runtime engine: the torch-free engine keeps a memory by the novelty policy only, not "
+                             f"{', '.join(refused)}; --runtime torch runs {'them' if len(refused) > 1 else 'it'} "
+                             "(or measure the engine with --policy novelty)")
+        return "engine", "--runtime engine"
+    try:
+        dtype = card_run_dtype(str(path))
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from None
+    weights = {"int8": "int8", "float32": "fp32"}.get(dtype)
+    if weights is None:
+        return "torch", f"default: chat runs the card's dtype {dtype} on torch"
+    if why or refused:
+        return "torch", f"default: {why or 'the engine runs the novelty memory only, not ' + ', '.join(refused)}"
+    try:
+        Engine.load(path, weights=weights, threads=1, config=configs[WINDOW])  # maps the files, as chat's start does
+    except EngineUnavailable as exc:
+        return "torch", f"default: {exc}"
+    return "engine", f"default: chat runs this model on the torch-free engine ({weights})"
 
 
 def child_command(p: Plan, v: Variant, threads: int) -> list[str]:
     s = p.sizes
     policy = ["--policy", v.policy] if v.policy else []
     return [sys.executable, "-m", "agent.bench.window_memory_child", str(p.model_dir), "--slots", str(v.slots), *policy,
-            "--context", str(s.context), "--prefill", str(s.prefill), "--decode", str(s.decode), "--rounds", str(s.rounds),
-            "--threads", str(threads)]
+            "--runtime", p.runtime, "--context", str(s.context), "--prefill", str(s.prefill), "--decode", str(s.decode),
+            "--rounds", str(s.rounds), "--threads", str(threads)]
 
 
 def run_variant(p: Plan, v: Variant, threads: int) -> dict[str, Any]:
@@ -211,7 +258,8 @@ def report(p: Plan, model: str, runs: dict[str, dict[str, Any]], verdict: dict[s
     else:
         floors = "not judged: measured under load"
     summary = {
-        "model": f"{model} ({base['weights']}, torch threads {base['threads']})",
+        "model": f"{model} ({base['weights']}, {base['threads']} threads)",
+        "runtime": f"{p.runtime} ({p.runtime_why})",
         "sizes": (f"{s.context} tokens read, then prefill {s.prefill} and decode {s.decode}, "
                   + ("1 round (--quick: not a measurement)" if quick else f"median of {s.rounds} rounds")),
         "ratios": "variant / window of the time per token: above 1 is slower than the window alone",
@@ -222,18 +270,20 @@ def report(p: Plan, model: str, runs: dict[str, dict[str, Any]], verdict: dict[s
     }
     variants_out = {n: {**runs[n], **judged[n]} for n in runs}
     return {"rows": [row(n, runs[n], judged[n], valid) for n in runs], "variants": variants_out,
-            "sizes": dataclasses.asdict(s), "model": model, "model_dir": str(p.model_dir), "ratios_valid": valid,
+            "sizes": dataclasses.asdict(s), "model": model, "model_dir": str(p.model_dir), "runtime": p.runtime,
+            "runtime_why": p.runtime_why, "ratios_valid": valid,
             "load": dict(verdict), "floor": {"decode_time_ratio": FLOOR_DECODE_TIME, "state_MB": FLOOR_STATE_MB},
             "summary": {k: escape(v) for k, v in summary.items()}}
 
 
 def bench_window_memory(quick: bool, *, model: str = "default", models_dir: str | Path | None = None,
                         slots: Sequence[int] = DEFAULT_SLOTS, policies: Sequence[str] = POLICIES,
-                        context: int | None = None, threads: int = 2, max_load: float = MAX_LOAD,
+                        context: int | None = None, runtime: str | None = None, threads: int = 2, max_load: float = MAX_LOAD,
                         max_others: float = MAX_OTHERS, settle_s: float = 60.0, log: Log = _stderr) -> dict[str, Any]:
     """The whole comparison; a ValueError for a bad choice (`plan`), a MeasureError when a
     child fails."""
-    p = plan(model, models_dir, slots, policies, quick=quick, context=context)
+    p = plan(model, models_dir, slots, policies, quick=quick, context=context, runtime=runtime)
+    log(f"runtime: {p.runtime} ({p.runtime_why})")
     load_before = settle(max_load, 0.0 if quick else settle_s, log)
     runs = {}
     for v in p.variants:

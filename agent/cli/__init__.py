@@ -125,6 +125,7 @@ def bench(
     memory_slots: Optional[str] = typer.Option(None, "--memory-slots", help="window-memory: memory sizes M, e.g. 64,128 (default)."),
     policy: Optional[str] = typer.Option(None, "--policy", help="window-memory: memory policies, one or more of recall, attention, novelty (default all three)."),
     context: Optional[int] = typer.Option(None, "--context", help="window-memory: tokens read before the timed prefill and decode (default 2048)."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help="window-memory: torch or engine (the torch-free engine: novelty memory only); default: the engine when chat would run every variant on it, else torch."),
 ) -> None:
     """Benchmarks that back our performance claims, each against a baseline in the same run."""
     from pathlib import Path
@@ -143,9 +144,9 @@ def bench(
     if unknown:
         raise fail(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(benches)}")
     serve_flags = rates is not None or duration is not None or compile_backend is not None or users is not None
-    memory_flags = memory_slots is not None or policy is not None or context is not None
+    memory_flags = memory_slots is not None or policy is not None or context is not None or runtime is not None
     if memory_flags and "window-memory" not in chosen:
-        raise fail("--memory-slots, --policy and --context apply to the window-memory benchmark only: "
+        raise fail("--memory-slots, --policy, --context and --runtime apply to the window-memory benchmark only: "
                    "laplace bench window-memory -m MODEL --memory-slots 64,128")
     window_memory = _window_memory_choices(memory_slots, policy) if "window-memory" in chosen else None
     if (model is not None or serve_flags) and chosen == ["serve"]:
@@ -189,7 +190,8 @@ def bench(
 
         ensure_model(settings_of(ctx), model or "default")
     if window_memory:
-        benches["window-memory"] = _window_memory(settings_of(ctx), model or "default", *window_memory, context, quick)
+        benches["window-memory"] = _window_memory(settings_of(ctx), model or "default", *window_memory, context, runtime,
+                                                  quick)
     from agent.bench.llamacpp import BENCH_ERRORS, EXIT_UNDER_LOAD, under_load
 
     try:
@@ -213,18 +215,18 @@ def _window_memory_choices(memory_slots: Optional[str], policy: Optional[str]) -
 
 
 def _window_memory(settings: Settings, model: str, slots: tuple[int, ...], policies: tuple[str, ...],
-                   context: Optional[int], quick: bool):  # type: ignore[no-untyped-def]
+                   context: Optional[int], runtime: Optional[str], quick: bool):  # type: ignore[no-untyped-def]
     """`laplace bench window-memory` on `model`; a model or choice it cannot measure fails here, before any child."""
     from functools import partial
 
     from agent.bench.window_memory import bench_window_memory, plan
 
     try:
-        plan(model, settings.models_dir, slots, policies, quick=quick, context=context)
+        plan(model, settings.models_dir, slots, policies, quick=quick, context=context, runtime=runtime)
     except ValueError as exc:
         raise fail(str(exc)) from None
     return partial(bench_window_memory, model=model, models_dir=settings.models_dir, slots=slots, policies=policies,
-                   context=context)
+                   context=context, runtime=runtime)
 
 
 def _llamacpp(settings: Settings, shape: Optional[str]):  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """`laplace bench window-memory`: its arithmetic on made-up runs, its one-line refusals, and
-the --quick form end to end (real children) on a tiny random window model directory."""
+the --quick form end to end (real children) on a tiny random window model directory, on the
+torch runtime and on the torch-free engine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typer.testing import CliRunner
 from agent.bench import window_memory as wm
 from agent.bench.llamacpp import under_load
 from agent.cli import app
-from agent.runtime.checkpoint import LoadedModel, save_model_dir
+from agent.bench.llamacpp_measure import MeasureError
+from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
+from tests.runtime.test_native_engine import kernels  # noqa: F401  (the fixture: the C kernels in a temporary cache)
 from tests.runtime.test_window import window_model
 
 
@@ -85,6 +88,43 @@ def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_pat
     assert v["recall-4"]["state_bytes"] == v["window"]["state_bytes"] + v["recall-4"]["memory_bytes"]
     assert v["recall-4"]["memory_filled"] == v["attention-4"]["memory_filled"] == v["novelty-4"]["memory_filled"] == 1.0
     assert "window-memory" in r.output and "ratios_valid" in r.output
+    # the default runtime: torch, since the engine runs the novelty memory only
+    assert res["runtime"] == "torch" and "not recall, attention" in res["runtime_why"]
+    assert {x["runtime"] for x in v.values()} == {"torch"}
+
+
+def test_the_engine_runs_the_novelty_variants_without_torch(kernels, tmp_path):  # noqa: F811
+    """--runtime engine end to end: each child on the torch-free engine (int8, from the cache an
+    int8 torch load writes, as chat's first start does), never importing torch, its memory full
+    after the context; and the engine is the default where it runs every variant."""
+    d = model_dir(tmp_path / "tw")
+    load_model_dir(d, quant="int8")
+    assert wm.plan(str(d), None, (4,), ("novelty",), quick=True).runtime == "engine"
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(app, ["bench", "window-memory", "-m", str(d), "--quick", "--memory-slots", "4", "--policy",
+                                 "novelty", "--runtime", "engine", "--out", str(out)])
+    res = json.loads(out.read_text())["results"]["window-memory"]
+    assert r.exit_code == (0 if res["ratios_valid"] else 3), r.output
+    assert res["runtime"] == "engine" and res["runtime_why"] == "--runtime engine"
+    v = res["variants"]
+    assert list(v) == ["window", "novelty-4"]
+    for x in v.values():
+        assert x["runtime"] == "engine" and x["weights"] == "int8" and x["torch_imported"] is False
+        assert x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["decode_time_ratio"] > 0
+    assert v["window"]["memory_filled"] is None and v["novelty-4"]["memory_filled"] == 1.0
+    assert v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
+    assert v["novelty-4"]["state_bytes"] == v["window"]["state_bytes"] + v["novelty-4"]["memory_bytes"]
+
+
+def test_without_the_int8_cache_the_engine_child_says_so_and_the_default_is_torch(kernels, tmp_path):  # noqa: F811
+    d = model_dir(tmp_path / "tw")  # saved, never loaded: no int8 cache yet
+    p = wm.plan(str(d), None, (4,), ("novelty",), quick=True)
+    assert p.runtime == "torch" and "no int8 cache" in p.runtime_why
+    p = wm.plan(str(d), None, (4,), ("novelty",), quick=True, runtime="engine")
+    with pytest.raises(MeasureError) as e:
+        wm.run_variant(p, wm.WINDOW, 1)
+    last = str(e.value).splitlines()[-1]
+    assert last.startswith("the torch-free engine cannot run") and "one int8 load with the torch runtime writes it" in last
 
 
 @pytest.mark.parametrize("args, message", [
@@ -93,7 +133,12 @@ def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_pat
     (["--policy", "recall"], "has no GLA branch, and the recall policy scores tokens by its recall error: use --policy attention,novelty"),
     (["--context", "20", "--policy", "attention"], "--context 20 leaves the memory part empty"),
     (["-m", "demo"], "has the gla mixer; this bench measures the window mixer's memory"),
-], ids=["negative-M", "unknown-policy", "recall-without-branch", "short-context", "not-a-window-model"])
+    (["--runtime", "gpu"], "--runtime takes torch or engine, got 'gpu'"),
+    (["--runtime", "engine", "--policy", "attention,novelty"],
+     "--runtime engine: the torch-free engine keeps a memory by the novelty policy only, not attention; "
+     "--runtime torch runs it"),
+], ids=["negative-M", "unknown-policy", "recall-without-branch", "short-context", "not-a-window-model", "unknown-runtime",
+        "policy-the-engine-refuses"])
 def test_bad_input_is_a_one_line_error_before_any_child(args, message, tmp_path, monkeypatch):
     monkeypatch.setattr(wm, "run_variant", lambda *a: pytest.fail("no child runs for a bad command"))
     plain = model_dir(tmp_path / "plain", gla_branch=False)
@@ -102,6 +147,7 @@ def test_bad_input_is_a_one_line_error_before_any_child(args, message, tmp_path,
     assert r.exit_code == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.output
 
 
-def test_its_flags_belong_to_it():
-    r = CliRunner().invoke(app, ["bench", "decode", "--memory-slots", "64"])
+@pytest.mark.parametrize("flag", [["--memory-slots", "64"], ["--runtime", "engine"]], ids=["memory-slots", "runtime"])
+def test_its_flags_belong_to_it(flag):
+    r = CliRunner().invoke(app, ["bench", "decode", *flag])
     assert r.exit_code == 1 and "apply to the window-memory benchmark only" in r.stderr
