@@ -564,20 +564,31 @@ static void rotate(float *out, const float *x, const float *cos, const float *si
  * after the leaving one (window_decode.StepTables.twin). twin_cut: 1 - memory.TWIN. */
 static float novelty_score(const float *ev, const float *ring, const float *cos_r, const float *sin_r, int64_t slot,
                            int S, int W, int D, int span, float twin_cut) {
-    float back[D];
+    /* cos(ev, R_j^-1 k_j) without rotating k_j back: the rotation keeps |k_j|, and with the
+     * pair (m, m + D/2) turned by the slot's angle, ev . R_j^-1 k_j = sum over m < D/2 of
+     * cos_m (ev_m k_m + ev_m' k_m') + sin_m (ev_m k_m' - ev_m' k_m) (m' = m + D/2; sin_r's
+     * second half holds +sin). One vectorized pass per slot, no temporary. */
+    const int h = D / 2;
     float ne = sqrtf(dot(ev, ev, D)), near = -1.0f;  /* max over no key: -1 */
     ne = ne > 1e-12f ? ne : 1e-12f;  /* F.normalize's eps */
     for (int j = 0; j < W; j++) {
         int64_t d = ((slot - S - j) % W + W) % W;  /* slot S + j holds the token d steps before this one */
         if (W - d <= span) continue;
-        rotate(back, ring + (int64_t)(S + j) * D, cos_r + (int64_t)j * D, sin_r + (int64_t)j * D, D, -1.0f);
-        float nb = sqrtf(dot(back, back, D));
+        const float *k = ring + (int64_t)(S + j) * D, *c = cos_r + (int64_t)j * D, *sn = sin_r + (int64_t)j * D + h;
+        float num = 0.0f, kk = 0.0f;
+#pragma omp simd reduction(+ : num, kk)
+        for (int m = 0; m < h; m++) {
+            float k0 = k[m], k1 = k[m + h], e0 = ev[m], e1 = ev[m + h];
+            num += c[m] * (e0 * k0 + e1 * k1) + sn[m] * (e0 * k1 - e1 * k0);
+            kk += k0 * k0 + k1 * k1;
+        }
+        float nb = sqrtf(kk);
         nb = nb > 1e-12f ? nb : 1e-12f;
-        float c = dot(ev, back, D) / ne / nb;
-        near = c > near ? c : near;
+        float cs = num / ne / nb;
+        near = cs > near ? cs : near;
     }
-    float s = twin_cut - near;
-    return s > 0.0f ? s : 0.0f;
+    float sc = twin_cut - near;
+    return sc > 0.0f ? sc : 0.0f;
 }
 
 /* memory.admit for one step: the token leaving the window (k, v [D], its score, pos = 1 + its
