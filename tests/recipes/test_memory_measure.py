@@ -201,3 +201,29 @@ def test_cli_end_to_end_and_table(lm, tmp_path, capsys):
     memory.main(["table", str(tmp_path / "pk.json")])
     out = capsys.readouterr().out
     assert out.startswith("| variant | M | passkey 300 |") and "| window only | - |" in out
+
+
+def test_engine_runtime_answers_as_torch_does(lm, tmp_path, capsys):
+    """`--runtime engine`: each trial on the torch-free engine, the same greedy replies as
+    torch's rows for the window alone and for a novelty memory; other policies refused."""
+    from agent.runtime.native import library
+
+    if library() is None:
+        pytest.skip("the C kernels do not build here")
+    save_model_dir(lm, tmp_path / "model")
+    from agent.runtime.checkpoint import load_model_dir
+
+    saved = load_model_dir(tmp_path / "model")
+    tasks = passkey_tasks(saved, 280, 3, seed=0)
+    for v in (WINDOW, Variant("novelty-4", 4, "novelty")):
+        torch_replies = answer_tasks(variant_model(saved, v, 300), tasks, 6, state_bytes=1 << 30)
+        engine_replies = memory.engine_answers(saved, v, 300, tasks, 6, weights="fp32", threads=1)
+        assert engine_replies == torch_replies, v.name
+    with pytest.raises(SystemExit, match="novelty policy only, not attention-4"):
+        memory.main(["passkey", "--model", str(tmp_path / "model"), "--memory-slots", "4", "--policy", "attention",
+                     "--runtime", "engine", "--lengths", "280", "--trials", "1", "--threads", "1", "--out", str(tmp_path / "x.json")])
+    memory.main(["passkey", "--model", str(tmp_path / "model"), "--memory-slots", "4", "--policy", "novelty", "--skip", "full",
+                 "--runtime", "engine", "--lengths", "280", "--trials", "2", "--threads", "1", "--out", str(tmp_path / "e.json")])
+    rep = json.loads((tmp_path / "e.json").read_text())
+    assert rep["settings"]["runtime"] == "engine (fp32)"
+    assert set(rep["rows"][0]["variants"]) == {"window", "novelty-4"}

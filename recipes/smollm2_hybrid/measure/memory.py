@@ -29,6 +29,12 @@ given, else the standard library's English, `recipes.smollm2_hybrid.text`): belo
 Greedy, recall refresh off (no chat service runs here). Prompts are read in 512-token
 segments with the state carried (`engine.advance_rows`, last logits only), in batches of
 rows whose states fit --state-mb, so memory stays bounded at 8k tokens.
+
+`passkey` and `detail` take `--runtime engine`: each trial read and answered one at a time
+by the torch-free engine chat runs (`agent.runtime.native.engine`, the same weights with the
+variant's config; `--weights fp32` by default, as the torch path loads them, or int8, what
+chat runs), several times faster on this CPU than torch's batched rows. The engine keeps a
+memory by the novelty policy only; other policies are refused before anything runs.
 """
 
 from __future__ import annotations
@@ -143,6 +149,38 @@ def answer_tasks(lm: LoadedModel, tasks: Sequence[Task], max_new: int, state_byt
     return replies
 
 
+def engine_answers(lm: LoadedModel, v: Variant, tokens: int, tasks: Sequence[Task], max_new: int, *, weights: str,
+                   threads: int) -> list[str]:
+    """Greedy replies on the torch-free engine: each task's context and question read into a
+    fresh state, then up to `max_new` steps (a stop token ends the reply, as greedy_rows)."""
+    import numpy as np
+
+    from agent.runtime.native.engine import Engine, EngineUnavailable
+
+    if lm.path is None:
+        raise MeasureError("--runtime engine reads the model's directory; load it from one")
+    try:
+        engine = Engine.load(lm.path, weights=weights, threads=threads, config=variant_config(lm.config, v, tokens))
+    except EngineUnavailable as exc:
+        raise MeasureError(f"--runtime engine, variant {v.name}: {exc}") from None
+    stops = set(lm.template.stop_ids(lm.tokenizer))
+    replies = []
+    for t in tasks:
+        state = engine.new_state()
+        engine.prefill(t.context, state)
+        logits = engine.prefill(t.question, state)
+        out: list[int] = []
+        for _ in range(max_new):
+            tok = int(np.argmax(logits))
+            if tok in stops:
+                break
+            out.append(tok)
+            if len(out) < max_new:
+                logits = engine.step(tok, state)
+        replies.append(lm.tokenizer.decode(out))
+    return replies
+
+
 def has_code(reply: str, code: str) -> bool:
     """The digits appear in the reply as one number (not inside a longer one)."""
     return re.search(rf"(?<!\d){re.escape(code)}(?!\d)", reply) is not None
@@ -183,13 +221,18 @@ def detail_tasks(lm: LoadedModel, distance: int, trials: int, seed: int) -> list
 
 
 def _ask_all(lm: LoadedModel, vs: Sequence[Variant], tasks: Sequence[Task], tokens: int, max_new: int,
-             score: Callable[[str, str], bool], state_bytes: int, log: Log, what: str) -> dict[str, dict[str, Any]]:
+             score: Callable[[str, str], bool], state_bytes: int, log: Log, what: str,
+             engine: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Each variant's replies to `tasks` (read up to `tokens` tokens each): hits, and every
-    reply with its answer (a miss is read, not guessed at: a wrong code, a refusal, nothing)."""
+    reply with its answer (a miss is read, not guessed at: a wrong code, a refusal, nothing).
+    `engine` ({"weights", "threads"}): on the torch-free engine instead of torch."""
     out = {}
     for v in vs:
         t0 = time.perf_counter()
-        replies = answer_tasks(variant_model(lm, v, tokens), tasks, max_new, state_bytes)
+        if engine is not None:
+            replies = engine_answers(lm, v, tokens, tasks, max_new, **engine)
+        else:
+            replies = answer_tasks(variant_model(lm, v, tokens), tasks, max_new, state_bytes)
         hits = [score(r, t.answer) for r, t in zip(replies, tasks)]
         out[v.name] = {"n": len(tasks), "hits": sum(hits), "score": sum(hits) / len(tasks),
                        "samples": [{"answer": t.answer, "reply": r, "hit": h} for t, r, h in zip(tasks, replies, hits)]}
@@ -198,19 +241,24 @@ def _ask_all(lm: LoadedModel, vs: Sequence[Variant], tasks: Sequence[Task], toke
 
 
 def run_passkey(lm: LoadedModel, vs: Sequence[Variant], lengths: Sequence[int], trials: int, seed: int, *,
-                filler: str = "grammar", state_bytes: int = 512 << 20, log: Log = print) -> dict[str, Any]:
+                filler: str = "grammar", state_bytes: int = 512 << 20, log: Log = print,
+                engine: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = []
     for length in sorted(set(lengths)):
         tasks = passkey_tasks(lm, length, trials, seed, filler)
         res = _ask_all(lm, vs, tasks, length + PASSKEY_REPLY_TOKENS, PASSKEY_REPLY_TOKENS, has_code, state_bytes, log,
-                       f"passkey {length} tokens")
+                       f"passkey {length} tokens", engine)
         rows.append({"length": length, "mean_distance": sum(t.distance for t in tasks) / len(tasks), "variants": res})
     return _report(lm, "passkey", vs, seed, {"lengths": sorted(set(lengths)), "trials": trials, "filler": filler,
-                                             "reply_tokens": PASSKEY_REPLY_TOKENS}, rows)
+                                             "reply_tokens": PASSKEY_REPLY_TOKENS, "runtime": _runtime(engine)}, rows)
+
+
+def _runtime(engine: dict[str, Any] | None) -> str:
+    return "torch" if engine is None else f"engine ({engine['weights']})"
 
 
 def run_detail(lm: LoadedModel, vs: Sequence[Variant], multiples: Sequence[float], trials: int, seed: int, *,
-               state_bytes: int = 512 << 20, log: Log = print) -> dict[str, Any]:
+               state_bytes: int = 512 << 20, log: Log = print, engine: dict[str, Any] | None = None) -> dict[str, Any]:
     W = lm.config.window
     rows = []
     for m in sorted(set(multiples)):
@@ -219,13 +267,13 @@ def run_detail(lm: LoadedModel, vs: Sequence[Variant], multiples: Sequence[float
         longest = max(len(t.context) + len(t.question) for t in tasks) + natural.MAX_REPLY_TOKENS
         res = _ask_all(lm, vs, tasks, longest, natural.MAX_REPLY_TOKENS,
                        lambda reply, value: natural.score_stated(reply, value) == "recalled", state_bytes, log,
-                       f"detail {d} tokens ({m:g} W)")
-        full = res[FULL.name]["score"]
+                       f"detail {d} tokens ({m:g} W)", engine)
+        full = res[FULL.name]["score"] if FULL.name in res else None
         for r in res.values():
             r["ratio_to_full"] = r["score"] / full if full else None
         rows.append({"distance": d, "multiple": m, "mean_distance": sum(t.distance for t in tasks) / len(tasks), "variants": res})
     rep = _report(lm, "detail", vs, seed, {"multiples": sorted(set(multiples)), "trials": trials,
-                                           "reply_tokens": natural.MAX_REPLY_TOKENS}, rows)
+                                           "reply_tokens": natural.MAX_REPLY_TOKENS, "runtime": _runtime(engine)}, rows)
     rep["horizon"] = {v.name: detail_horizon([(r["distance"], r["variants"][v.name]["score"]) for r in rows]) for v in vs}
     return rep
 
@@ -318,6 +366,11 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--quick", action="store_true", help="a smoke run: one short length or distance, one trial")
         p.add_argument("--skip", type=_words, default=[], help="variants left out, e.g. full,window (a screen of policies)")
         p.add_argument("--out", type=Path, required=True)
+    for name in ("passkey", "detail"):
+        cmds[name].add_argument("--runtime", choices=("torch", "engine"), default="torch",
+                                help="engine: each trial on the torch-free engine chat runs (novelty memory only)")
+        cmds[name].add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+                                help="--runtime engine: the weights it reads (int8: what chat runs; needs the int8 cache)")
     cmds["passkey"].add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8192])
     cmds["passkey"].add_argument("--trials", type=int, default=10)
     cmds["passkey"].add_argument("--filler", choices=FILLER_KINDS, default="grammar")
@@ -358,10 +411,18 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         variant_config(lm.config, v, 1)
     log(f"{lm.name} W={lm.config.window} S={lm.config.sinks}; variants {', '.join(v.name for v in vs)}")
     state_bytes = args.state_mb << 20
+    engine = None
+    if getattr(args, "runtime", "torch") == "engine":
+        refused = [v.name for v in vs if v.policy not in (None, "novelty")]
+        if refused:
+            raise MeasureError(f"--runtime engine keeps a memory by the novelty policy only, not {', '.join(refused)}; "
+                               "use --policy novelty or --runtime torch")
+        engine = {"weights": args.weights, "threads": args.threads}
     if args.cmd == "passkey":
-        return run_passkey(lm, vs, args.lengths, args.trials, args.seed, filler=args.filler, state_bytes=state_bytes, log=log)
+        return run_passkey(lm, vs, args.lengths, args.trials, args.seed, filler=args.filler, state_bytes=state_bytes,
+                           log=log, engine=engine)
     if args.cmd == "detail":
-        return run_detail(lm, vs, args.multiples, args.trials, args.seed, state_bytes=state_bytes, log=log)
+        return run_detail(lm, vs, args.multiples, args.trials, args.seed, state_bytes=state_bytes, log=log, engine=engine)
     source, docs = ppl_docs(lm, max(args.bands), args.docs, args.corpus)
     log(f"ppl on {len(docs)} documents of {max(args.bands)} tokens from {source}")
     return run_ppl(lm, vs, docs, args.bands, segment=args.segment, source=source, log=log)
