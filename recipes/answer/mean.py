@@ -29,13 +29,18 @@ import torch
 from agent.runtime.delta import DeltaError, lora_pairs, read_delta, write_delta
 
 
-def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
+def _read_loras(paths: list[Path], what: str) -> list[dict[str, torch.Tensor]]:
+    """Each path's "lora" delta tensors; at least two paths, every one a file."""
     if len(paths) < 2:
-        raise DeltaError("give at least two deltas to average")
+        raise DeltaError(f"give at least two deltas to {what}")
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise DeltaError(f"{missing[0]}: no such file; give the delta.safetensors of each run")
-    deltas = [read_delta(p, ("lora",))[0] for p in paths]
+    return [read_delta(p, ("lora",))[0] for p in paths]
+
+
+def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
+    deltas = _read_loras(paths, "average")
     first = deltas[0]
     for p, d in zip(paths[1:], deltas[1:]):
         if d.keys() != first.keys():
@@ -47,12 +52,7 @@ def mean_lora(paths: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def soup_lora(paths: list[Path], dtype: torch.dtype = torch.float32, rank: int | None = None) -> dict[str, torch.Tensor]:
-    if len(paths) < 2:
-        raise DeltaError("give at least two deltas to mix")
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise DeltaError(f"{missing[0]}: no such file; give the delta.safetensors of each run")
-    pairs = [lora_pairs(read_delta(p, ("lora",))[0]) for p in paths]
+    pairs = [lora_pairs(d) for d in _read_loras(paths, "mix")]
     out: dict[str, torch.Tensor] = {}
     for key in sorted(set().union(*pairs)):
         have = [d[key] for d in pairs if key in d]
