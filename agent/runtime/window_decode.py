@@ -33,7 +33,7 @@ from torch import Tensor
 
 from agent.runtime import native
 from agent.runtime.layers import f32, project, rope_cos_sin
-from agent.runtime.memory import EMPTY, MEMORY_NAMES, NOVELTY_SPAN, admit, novelty, recall_error
+from agent.runtime.memory import EMPTY, MEMORY_NAMES, NOVELTY_SPAN, TWIN, admit, novelty, recall_error
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -60,6 +60,7 @@ class StepTables:
     cos_ring: Tensor  # [W, D]: the window slots' angles S .. S + W - 1 (to rotate their keys back)
     sin_ring: Tensor
     twin: Tensor  # [N, W] bool: window slot S + j may hold a twin of the token leaving at c ("novelty")
+    mem_tab: Tensor  # [2 + 2W, D]: cos_mem, sin_mem, cos_ring, sin_ring stacked (`native`'s memory kernel reads them so)
 
 
 _TABLES: dict[tuple, StepTables] = {}
@@ -91,7 +92,9 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         # token leaving is t - W, so the slot is past the span after it iff W - d > span.
         d = torch.remainder(slot_t - S - torch.arange(W, device=device)[None, :], W)
         twin = W - d > NOVELTY_SPAN
-        _TABLES[key] = StepTables(cos.contiguous(), (sin * sign).contiguous(), row, bias, cos_m[0], sin_m[0] * sign, cos_r, sin_r * sign, twin)
+        mem_tab = torch.cat([cos_m, sin_m * sign, cos_r, sin_r * sign]).contiguous()
+        _TABLES[key] = StepTables(cos.contiguous(), (sin * sign).contiguous(), row, bias, cos_m[0], sin_m[0] * sign, cos_r,
+                                  sin_r * sign, twin, mem_tab)
     return _TABLES[key]
 
 
@@ -110,10 +113,12 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
     tabs = step_tables(S, W, D, c.rope_theta, x.device)
-    if B == 1 and kernels_may_run() and _native_ok(attn, x, state):
+    # One row through the C step; with a memory, every row one by one (the torch form below
+    # ranks the candidates with a sort per step, ~4x the window's time).
+    if (B == 1 or c.memory_slots) and kernels_may_run() and _native_ok(attn, x, state):
         lib = native.library()
         if lib is not None:
-            return _native_step(lib, attn, x, state, int(pos), tabs)
+            return _native_step(lib, attn, x, state, pos, tabs)
     ts = pos.tolist()
     cs = [canonical(t, S, W) for t in ts]
     slots = [t if t < S else S + (t - S) % W for t in ts]
@@ -221,29 +226,49 @@ def kernels_may_run() -> bool:
                 or hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
 
 
+def native_memory_ok(config: Any) -> bool:
+    """Whether `native`'s window kernel runs this config's memory: none, or the "novelty"
+    policy (`laplace_window_memory`; the other policies are torch's alone)."""
+    return not config.memory_slots or config.memory_policy == "novelty"
+
+
+def native_state_ok(config: Any, state: dict[str, Tensor]) -> bool:
+    """Whether a layer's state tensors are in the form the C kernels write: contiguous, fp32
+    (the memory's positions int64)."""
+    names = ["win_k", "win_v", *(["gla"] if config.gla_branch else []), *(MEMORY_NAMES if config.memory_slots else [])]
+    return all(state[n].dtype == (torch.int64 if n == "mem_pos" else torch.float32) and state[n].is_contiguous()
+               for n in names)
+
+
 def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
-    """Whether `native`'s C step can take this token (`kernels_may_run` checked): one CPU
-    row, no memory slots, no probe hooked on the decays, the state's tensors fp32 and contiguous."""
+    """Whether `native`'s C step can take this token (`kernels_may_run` checked): CPU rows, a
+    memory it runs (`native_memory_ok`), no probe hooked on the decays, the state in the
+    kernels' form (`native_state_ok`)."""
     c = attn.config
-    if x.device.type != "cpu" or c.memory_slots or c.head_k_dim != c.head_v_dim:
+    if x.device.type != "cpu" or not native_memory_ok(c) or c.head_k_dim != c.head_v_dim:
         return False
     tap = attn.decay_tap
     if tap._forward_hooks or tap._forward_pre_hooks:
         return False
-    names = ("win_k", "win_v", "gla") if attn.gla_branch is not None else ("win_k", "win_v")
-    return all(state[n].dtype == torch.float32 and state[n].is_contiguous() for n in names)
+    return native_state_ok(c, state)
 
 
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _native_step(lib: Any, attn: Any, x: Tensor, state: dict[str, Tensor], t: int, tabs: StepTables) -> Tensor:
-    """`window_step_` for one row through `native/decode.c`: the same math in one call."""
+def _native_step(lib: Any, attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor, tabs: StepTables) -> Tensor:
+    """`window_step_` through `native/decode.c`: the same math in one call per row (each row
+    at its own position, on its own slice of the state)."""
     c = attn.config
-    qkv = torch.cat([f32(a) for a in project(attn, attn.FUSED, x)], -1)
-    y = torch.empty(1, c.n_heads * c.head_v_dim)
-    run_window(lib, attn, state, t, tabs, qkv, 0, None, f32(x).contiguous(), y)
+    B = x.shape[0]
+    qkv = torch.cat([f32(a) for a in project(attn, attn.FUSED, x)], -1).contiguous()
+    xin = f32(x).contiguous()
+    y = torch.empty(B, c.n_heads * c.head_v_dim)
+    ts = pos.reshape(B).tolist()
+    for b in range(B):
+        row = state if B == 1 else {n: t[b : b + 1] for n, t in state.items()}
+        run_window(lib, attn, row, ts[b], tabs, qkv[b : b + 1], 0, None, xin[b : b + 1], y[b : b + 1])
     return attn.o_proj(y.to(x.dtype))
 
 
@@ -251,8 +276,9 @@ def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: Ste
                qkv_scale: Tensor | None, xin: Tensor, y: Tensor) -> None:
     """`native/decode.c`'s laplace_window over the rows of qkv [T, (H + 2G) D] (fp32, or bf16
     times qkv_scale), the first at position t0: y [T, H D] written, and the layer's state
-    (`state`: its ring, and branch) advanced by T tokens in place. xin [T, d_model] is the
-    mixer's fp32 input, which the branch's decay reads. Rows must be contiguous."""
+    (`state`: its ring, and branch and memory) advanced by T tokens in place. xin [T, d_model]
+    is the mixer's fp32 input, which the branch's decay reads. Rows must be contiguous; a
+    memory must be "novelty" (`native_memory_ok`)."""
     c, br = attn.config, attn.gla_branch
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     T = qkv.shape[0]
@@ -270,6 +296,13 @@ def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: Ste
                  _ptr(maps[0]), _ptr(maps[1]), 0 if maps[0] is None else maps[0].shape[-1], float(c.gate_normalizer),
                  params[2].data_ptr(), c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
     # A prefill's rows split their heads over 2 threads (decode.c), when torch may use 2.
-    if lib.laplace_window(*args, y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())) != 0:
+    args += [y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())]
+    if c.memory_slots:
+        assert native_memory_ok(c), c.memory_policy
+        rc = lib.laplace_window_memory(*args, *(state[n].data_ptr() for n in MEMORY_NAMES), c.memory_slots,
+                                       tabs.mem_tab.data_ptr(), NOVELTY_SPAN, 1.0 - TWIN)
+    else:
+        rc = lib.laplace_window(*args)
+    if rc != 0:
         raise ValueError(f"the window kernel refused the shapes H={H} G={G} D={D} S={S} W={W}")
     del keep

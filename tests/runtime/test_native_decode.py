@@ -14,7 +14,9 @@ from torch import nn
 
 from agent.runtime import native
 from agent.runtime.checkpoint import LoadedModel, load_model_dir, save_model_dir
+from agent.runtime import window_decode
 from agent.runtime.layers import GLU, fuse_linears_
+from agent.runtime.memory import EMPTY, NOVELTY_SPAN
 from agent.runtime.native import decode as native_decode
 from agent.runtime.quant import quantize_int8_
 from agent.runtime.state import RecurrentState
@@ -197,6 +199,71 @@ def test_the_layer_c_step_equals_the_torch_step_and_forward(kw, kernels):
             torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
     assert c_state.allclose(ref, rtol=1e-5, atol=1e-5) and c_state.allclose(torch_state, rtol=1e-5, atol=1e-5)
     assert native.status().startswith("on")
+
+
+# A "novelty" memory: the window wider than the span, so twins count and slots turn over. The
+# vocabulary is the engine tests' (264): with 64 ids, layer 0 (whose keys are the token's
+# alone) sees one id leave twice against the same window key, read back from two ring angles,
+# and two scores equal up to rounding rank by the rounding, which the C and torch sums make
+# differently; the logits still agree.
+MEMORY = [
+    pytest.param(dict(memory_slots=3, memory_policy="novelty", combine="softmax", window=NOVELTY_SPAN + 4, vocab_size=264),
+                 id="branch"),
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NOVELTY_SPAN + 4, vocab_size=264),
+                 id="window-only"),
+]
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("kw", MEMORY)
+def test_c_step_with_a_memory_equals_the_torch_step(kw, int8, kernels):
+    """A "novelty" memory takes the C step too (`laplace_window_memory`): through six windows,
+    so the memory fills and turns over, the same logits and state (the same tokens held) as
+    the torch step, whose ranking sorts the candidates every step."""
+    model = decode_model(int8, **kw)
+    kernels(True)
+    with torch.no_grad():
+        assert native_decode.plan_for(model, model.new_state(1)) is not None
+    c = model.config
+    got, want, on, off = run_both(model, kernels, c.sinks + 6 * c.window + 3)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4 if int8 else 1e-5, atol=1e-4 if int8 else 1e-5)
+    held = on.tensors["mem_pos"]
+    assert torch.equal(held, off.tensors["mem_pos"]) and bool((held != EMPTY).all())
+    assert on.allclose(off, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", MEMORY)
+def test_rows_with_a_memory_step_through_the_c_kernel_one_by_one(kw, kernels, monkeypatch):
+    """Two rows at different lengths stepped together (as the server steps a batch): each
+    row's own C call (`window_decode._native_step`), the same as the batched torch step."""
+    model = window_model(**kw)
+    calls = []
+    real = window_decode.run_window
+    monkeypatch.setattr(window_decode, "run_window", lambda *a: calls.append(a[3]) or real(*a))
+    gen = torch.Generator().manual_seed(8)
+    c = model.config
+    with torch.no_grad():
+        kernels(False)
+        _, first = model(torch.randint(0, 264, (1, c.window + 5), generator=gen), model.new_state(1))  # row 0 is further on
+        on = RecurrentState.stack([first, model.new_state(1)])
+        off = on.clone()
+        for _ in range(3 * c.window):
+            tok = torch.randint(0, 264, (2,), generator=gen)
+            kernels(False)
+            want = model.step_(tok, off)
+            kernels(True)
+            torch.testing.assert_close(model.step_(tok, on), want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 3 * c.window * 2 * c.n_layers and calls[:2] == [c.window + 5, 0]  # per row, its position
+    assert torch.equal(on.tensors["mem_pos"], off.tensors["mem_pos"]) and on.allclose(off, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["attention", "recall"])
+def test_a_memory_the_kernel_does_not_score_takes_the_torch_step(policy, kernels):
+    model = decode_model(False, memory_slots=3, memory_policy=policy, combine="softmax")
+    kernels(True)
+    with torch.no_grad():
+        assert native_decode.plan_for(model, model.new_state(1)) is None
 
 
 def test_the_layer_c_step_is_not_taken_with_a_probe_hooked_on_the_decays(kernels):

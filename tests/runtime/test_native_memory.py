@@ -6,12 +6,15 @@ policies the kernel does not score ("recall", "attention") left to torch with th
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 import torch
 
 import agent.runtime.native.engine as eng
-from agent.runtime import memory
+from agent.runtime import memory, native
 from agent.runtime.checkpoint import load_model_dir
 from agent.runtime.generation import EagerRunner
 from agent.runtime.native.engine import Engine, EngineUnavailable, memory_table
@@ -47,6 +50,21 @@ def assert_same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: f
         np.testing.assert_allclose(a[name], b[name], rtol=tol, atol=tol, err_msg=name)
 
 
+@contextlib.contextmanager
+def torch_math():
+    """The torch runtime's own math inside: its step and prefill would take the same C kernel
+    as the engine (`window_decode.run_window`), so the reference turns the kernels off for
+    torch (an engine already loaded keeps its library)."""
+    was = os.environ.get("LAPLACE_NATIVE")
+    os.environ["LAPLACE_NATIVE"] = "0"
+    native.reset()
+    try:
+        yield
+    finally:
+        os.environ.pop("LAPLACE_NATIVE") if was is None else os.environ.__setitem__("LAPLACE_NATIVE", was)
+        native.reset()
+
+
 def torch_tensors(state: RecurrentState) -> dict[str, np.ndarray]:
     return {n: t.numpy() for n, t in state.layer_tensors.items()}
 
@@ -64,7 +82,8 @@ def test_steps_past_the_window_equal_the_torch_steps(kw, int8, kernels, tmp_path
     with torch.inference_mode():
         for tok in ids(c.sinks + 6 * c.window + 5):
             got = engine.step(tok, state)
-            want = model.step_(torch.tensor([tok]), ts)
+            with torch_math():
+                want = model.step_(torch.tensor([tok]), ts)
             np.testing.assert_allclose(got, want[0].numpy(), rtol=tol, atol=tol)
             held |= set(state.tensors["mem_pos"][0, 0, 0].tolist())
     assert state.positions == ts.n_tokens
@@ -95,7 +114,7 @@ def test_a_prefill_in_chunks_equals_one_pass_and_the_steps(kw, int8, kernels, tm
         np.testing.assert_allclose(logits, whole, rtol=1e-4, atol=1e-4)
         assert_same_state(state.tensors, one.tensors, 1e-4)
         assert state.positions == len(seq)
-    with torch.inference_mode():
+    with torch.inference_mode(), torch_math():
         want, ts = model(torch.tensor([seq]))
     tol = tolerance(int8)
     np.testing.assert_allclose(whole, want[0, -1].numpy(), rtol=tol, atol=tol)
@@ -117,7 +136,7 @@ def test_a_session_state_moves_between_the_engine_and_torch(kernels, tmp_path): 
     blob = es.to_bytes(fingerprint=em.fingerprint, architecture=arch)
     ts = RecurrentState.from_bytes(blob, config=lm.config, fingerprint=lm.fingerprint)
     assert blob == ts.to_bytes(fingerprint=lm.fingerprint, architecture=arch)
-    with torch.inference_mode():
+    with torch.inference_mode(), torch_math():
         _, ts = eager.prefill(seq[a:b], ts)
         for tok in seq[b:e]:
             eager.step_token(tok, ts)
@@ -126,7 +145,7 @@ def test_a_session_state_moves_between_the_engine_and_torch(kernels, tmp_path): 
     assert es.n_tokens == e
     for tok in seq[e:]:
         got = runner.step_token(tok, es)
-    with torch.inference_mode():
+    with torch.inference_mode(), torch_math():
         want, alone = eager.prefill(seq)
     np.testing.assert_allclose(got, want[0].numpy(), rtol=1e-4, atol=1e-4)
     assert_same_state(es.tensors, torch_tensors(alone), 1e-4)

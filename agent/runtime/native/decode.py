@@ -15,7 +15,8 @@ torch op. With fp32 weights everything is fp32.
 `plan_for(model, state)` says whether a step can take this path, and builds the plan once;
 it is checked (the same modules and weights, no hooks) on every step, so a LoRA wrapper, a replaced
 weight or a probe's hook sends the step back to the torch path. Models it does not cover
-(memory slots, other mixers, a half-precision model, a GPU) take the torch path too.
+(a memory other than "novelty", other mixers, a half-precision model, a GPU) take the torch
+path too.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 from agent.runtime import native
 from agent.runtime.layers import GLU, RMSNorm, fused_group
 from agent.runtime.quant import Int8Embedding, Int8Linear, _ones_bf16
-from agent.runtime.window_decode import kernels_may_run, run_window, step_tables
+from agent.runtime.window_decode import kernels_may_run, native_memory_ok, native_state_ok, run_window, step_tables
 
 
 @dataclass
@@ -141,7 +142,7 @@ def _unchanged(watched: list[tuple[dict, str, Any]]) -> bool:
 
 def build_plan(model: nn.Module) -> Plan | None:
     c = model.config
-    if c.mixer != "window" or c.memory_slots or not c.ffn_dim or c.head_k_dim != c.head_v_dim:
+    if c.mixer != "window" or not native_memory_ok(c) or not c.ffn_dim or c.head_k_dim != c.head_v_dim:
         return None
     int8 = type(model.embed) is Int8Embedding
     if not int8 and (type(model.embed) is not nn.Embedding or model.embed.weight.dtype != torch.float32):
@@ -172,7 +173,7 @@ def plan_for(model: nn.Module, state: Any) -> Plan | None:
     """The model's plan if its step can run here now on `state` (built once, then checked), else None."""
     if not kernels_may_run():
         return None
-    if state.batch_size != 1 or any(t.dtype != torch.float32 or not t.is_contiguous() for t in state.layer_tensors.values()):
+    if state.batch_size != 1 or not native_state_ok(model.config, state.layer_tensors):
         return None
     lib = native.library()
     if lib is None:
