@@ -19,6 +19,7 @@ written anew and swapped in.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -32,8 +33,9 @@ from torch import Tensor
 from agent import __version__
 from agent.importers.download import DownloadError, download, sha256_of
 from agent.importers.llama import HybridOptions
-from agent.importers.shipped import (BRANCH_FILE, DELTA_FILE, SHIPPED, SHIPPED_FILES, DefaultModelError, applied_records,
-                                     describe_shipped, shipped_changes)
+from agent.importers.shipped import (BRANCH_FILE, DELTA_FILE, SETTINGS_FILE, SETTINGS_FORMAT, SHIPPED, SHIPPED_FILES,
+                                     DefaultModelError, applied_records, describe_memory, describe_shipped, read_settings,
+                                     shipped_changes)
 from agent.importers.source import CheckpointError
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.delta import DeltaError, apply_delta, read_delta, undo_delta, write_delta
@@ -148,9 +150,12 @@ class Applied:
     count: int
     sha256: str
     undo: dict[str, Tensor]
+    values: Optional[dict[str, Any]] = None  # settings: the values set,
+    was: Optional[dict[str, Any]] = None  # and the ones they replaced (what takes them out)
 
     def record(self) -> dict[str, Any]:  # what the card keeps of it
-        return {"file": self.file, "format": self.fmt, "tensors": self.count, "sha256": self.sha256}
+        extra = {} if self.values is None else {"values": self.values, "was": self.was}
+        return {"file": self.file, "format": self.fmt, "tensors": self.count, "sha256": self.sha256, **extra}
 
 
 def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[Applied]:
@@ -174,11 +179,33 @@ def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[Applied]:
         except DeltaError as exc:
             raise DefaultModelError(f"the shipped file {path} does not fit the model ({exc}); reinstall laplace") from None
         applied.append(Applied(name, fmt, len(tensors), digest, undo))
+    path = Path(shipped) / SETTINGS_FILE
+    if path.is_file():
+        values = read_settings(path)
+        try:
+            digest = sha256_of(path)
+        except OSError as exc:
+            raise DefaultModelError(f"a shipped file is not usable ({exc}); reinstall laplace") from None
+        was = {k: getattr(loaded.model.config, k) for k in values}
+        _set_config(loaded, values, f"the shipped {path} does not fit the model")
+        applied.append(Applied(SETTINGS_FILE, SETTINGS_FORMAT, len(values), digest, {}, values, was))
     return applied
+
+
+def _set_config(loaded: LoadedModel, values: dict[str, Any], fail: str) -> None:
+    """The model's config with `values` (checked as any config is); the weights are not
+    touched: these fields add no parameters (a memory is state only). What is saved next
+    holds the new config; the loaded modules still run the old one, so save, then load."""
+    try:
+        loaded.model.config = dataclasses.replace(loaded.model.config, **values)
+    except (TypeError, ValueError) as exc:
+        raise DefaultModelError(f"{fail} ({exc}); reinstall laplace") from None
 
 
 def _write_undo(model_dir: Path, applied: list[Applied]) -> None:
     for a in applied:
+        if a.fmt == SETTINGS_FORMAT:  # taken out by the card record's "was"
+            continue
         (model_dir / UNDO_DIR).mkdir(exist_ok=True)
         write_delta(model_dir / UNDO_DIR / a.file, a.undo, a.fmt, metadata={"undoes": f"{a.file} sha256 {a.sha256}"})
 
@@ -198,12 +225,16 @@ def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> di
     """The card's "changes" (what the default is, in words) and "shipped" (the records of
     the shipped files applied: file, format, tensors, sha256)."""
     trained = {a["file"] for a in applied}
+    memory = next((a["values"] for a in applied if a["file"] == SETTINGS_FILE), {})
+    slots = memory.get("memory_slots", 0)
     return {
         "changes": [
             f"every attention layer reads {sinks} sink tokens and the last {window} tokens (was: all tokens)",
             "a GLA branch per layer carries the tokens older than the window in a fixed state "
             + ("(trained by attention transfer)" if BRANCH_FILE in trained else "(untrained: initial parameters)"),
-        ] + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
+        ] + ([f"a memory of evicted tokens beside the window: {describe_memory(slots, memory.get('memory_policy', ''))} "
+              "per layer and kv head, read by the window's softmax"] if slots else [])
+        + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
         "shipped": applied,
     }
 
@@ -226,6 +257,13 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
     except (ModelLoadError, ValueError) as exc:
         raise DefaultModelError(f"{fail}: {exc}") from None
     for r in reversed(records):
+        if r["format"] == SETTINGS_FORMAT:  # the config values it replaced
+            was = r.get("was")
+            if not isinstance(was, dict):
+                raise DefaultModelError(f"{fail}: the card's record of {r['file']} has no values to restore; to build the "
+                                        f"default anew, remove {model_dir} and run again")
+            _set_config(loaded, was, f"{fail}: the old {r['file']} cannot be taken out")
+            continue
         path = model_dir / UNDO_DIR / r["file"]
         try:
             apply_delta(loaded.model, *read_delta(path, (r["format"],)))

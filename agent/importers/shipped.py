@@ -8,6 +8,7 @@ updater (`default_model.update_shipped`) load and rewrite the model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +20,12 @@ BRANCH_FILE = "gla_branch.safetensors"  # replaces the branch's initial paramete
 DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add" or "lora")
 # The shipped files in the order they are applied, each with the delta formats it may hold.
 SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
+# Config fields the default takes after the files (its memory of evicted tokens, issue 37): a
+# JSON object of SETTING_KEYS, applied and taken out as the files are (its card record keeps
+# the values it replaced, under "was").
+SETTINGS_FILE = "settings.json"
+SETTINGS_FORMAT = "settings"
+SETTING_KEYS = ("memory_slots", "memory_policy")
 
 
 class DefaultModelError(Exception):
@@ -27,9 +34,17 @@ class DefaultModelError(Exception):
 
 def describe_shipped(records: list[dict[str, Any]]) -> str:
     """The card's "shipped" records in words: `answer_delta.safetensors (lora, 60 tensors,
-    sha256 1a2b3c4d…)`, or none."""
-    return ", ".join(f"{r.get('file')} ({r.get('format')}, {r.get('tensors')} tensors, sha256 {str(r.get('sha256'))[:8]}…)"
-                     for r in records) or "none"
+    sha256 1a2b3c4d…)`, `settings.json (memory_slots=224, memory_policy=novelty, sha256 …)`,
+    or none."""
+    def one(r: dict[str, Any]) -> str:
+        if r.get("format") == SETTINGS_FORMAT and isinstance(r.get("values"), dict):
+            keys = sorted(r["values"], key=lambda k: (SETTING_KEYS.index(k) if k in SETTING_KEYS else len(SETTING_KEYS), k))
+            what = ", ".join(f"{k}={r['values'][k]}" for k in keys)
+        else:
+            what = f"{r.get('format')}, {r.get('tensors')} tensors"
+        return f"{r.get('file')} ({what}, sha256 {str(r.get('sha256'))[:8]}…)"
+
+    return ", ".join(map(one, records)) or "none"
 
 
 def applied_records(model_dir: Path) -> Optional[list[dict[str, Any]]]:
@@ -55,12 +70,29 @@ def shipped_changes(model_dir: Path, shipped: Optional[Path] = None) -> Optional
     records = applied_records(model_dir)
     if records is None:
         return None
+    order = [name for name, _ in SHIPPED_FILES] + [SETTINGS_FILE]
     try:
-        now = {name: sha256_of(shipped / name) for name, _ in SHIPPED_FILES if (shipped / name).is_file()}
+        now = {name: sha256_of(shipped / name) for name in order if (shipped / name).is_file()}
     except OSError as exc:
         raise DefaultModelError(f"a shipped file is unreadable ({exc}); reinstall laplace") from None
     was = {r["file"]: r["sha256"] for r in records}
-    order = [name for name, _ in SHIPPED_FILES]
     differ = sorted((f for f in set(was) | set(now) if was.get(f) != now.get(f)),
                     key=lambda f: (order.index(f) if f in order else len(order), f))
     return ", ".join(f"{f} {'added' if f not in was else 'removed' if f not in now else 'changed'}" for f in differ) or None
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """The shipped settings file: a JSON object whose keys are among SETTING_KEYS (each value
+    is checked by the config it goes into). DefaultModelError, naming the file, otherwise."""
+    try:
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DefaultModelError(f"the shipped {path} is unreadable ({exc}); reinstall laplace") from None
+    if not isinstance(values, dict) or not values or not set(values) <= set(SETTING_KEYS):
+        raise DefaultModelError(f"the shipped {path} is not a JSON object of {', '.join(SETTING_KEYS)}; reinstall laplace")
+    return values
+
+
+def describe_memory(slots: int, policy: str) -> str:
+    """A config's memory of evicted tokens in words: "224 slots (novelty)", or "none"."""
+    return f"{slots} slots ({policy})" if slots else "none"

@@ -111,6 +111,63 @@ def test_a_removed_shipped_file_is_taken_out(tmp_path: Path, wheel_blob: bytes) 
     assert shipped_changes(built, shipped) is None and update_shipped(built, tmp_path / "home", shipped=shipped) is None
 
 
+def test_shipped_settings_switch_the_memory_on_and_a_removed_file_switches_it_off(tmp_path: Path, wheel_blob: bytes,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """settings.json (the default's memory of evicted tokens) is applied on the next use like
+    a file of weights: the config a fresh build has, the weights untouched, the values it
+    replaced kept in the card and restored when it goes; a saved session then needs a rebuild
+    (the fingerprint covers the config)."""
+    base = _plain(tmp_path, wheel_blob)
+    teacher = local_teacher(tmp_path, wheel_blob)
+    shipped = write_shipped(tmp_path / "shipped", base)
+    home = tmp_path / "laplace-home"
+    built = assemble(home / "models", home, teacher=teacher, shipped=shipped)
+    before, print_before = _weights(built), load_model_dir(built).fingerprint
+    settings = shipped / default_model.SETTINGS_FILE
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty"}))
+    monkeypatch.setattr(default_model, "SHIPPED", shipped)
+    assert shipped_changes(built, shipped) == "settings.json added"
+
+    first = CliRunner().invoke(app, ["info"])
+    assert first.exit_code == 0, first.output
+    notices = _notices(first.stderr)
+    assert len(notices) == 1 and "(settings.json added)" in notices[0] and "--rebuild-state" in notices[0], first.stderr
+    shown = [line for line in first.stdout.splitlines() if line.startswith("shipped ")]
+    assert len(shown) == 1 and "settings.json (memory_slots=5, memory_policy=novelty, sha256" in shown[0]
+    loaded = load_model_dir(built)
+    assert (loaded.config.memory_slots, loaded.config.memory_policy) == (5, "novelty")
+    assert loaded.fingerprint != print_before
+    _assert_same(_weights(built), before)
+    fresh = assemble(tmp_path / "fresh" / "models", tmp_path / "fresh", teacher=teacher, shipped=shipped)
+    assert json.loads((fresh / "config.json").read_text()) == json.loads((built / "config.json").read_text())
+    card = json.loads((built / "config.json").read_text())["card"]
+    assert card["shipped"][-1]["was"] == {"memory_slots": 0, "memory_policy": "recall"}
+    assert "5 slots (novelty) per layer and kv head" in " ".join(card["changes"])
+    assert not (built / default_model.UNDO_DIR / default_model.SETTINGS_FILE).exists()
+
+    settings.unlink()
+    line = update_shipped(built, home, shipped=shipped)
+    assert line is not None and "(settings.json removed)" in line
+    assert load_model_dir(built).config.memory_slots == 0 and load_model_dir(built).fingerprint == print_before
+    assert "memory of evicted tokens" not in " ".join(json.loads((built / "config.json").read_text())["card"]["changes"])
+
+
+@pytest.mark.parametrize("text, why", [("[224]", "not a JSON object of memory_slots, memory_policy"),
+                                       ('{"memory_slots": 4, "rope_theta": 1}', "not a JSON object of"),
+                                       ('{"memory_slots": -4}', "does not fit the model"),
+                                       ("{not json", "is unreadable")])
+def test_bad_shipped_settings_are_one_line_and_the_model_is_kept(tmp_path: Path, wheel_blob: bytes, text: str, why: str) -> None:
+    base = _plain(tmp_path, wheel_blob)
+    shipped = write_shipped(tmp_path / "shipped", base)
+    built = assemble(tmp_path / "home" / "models", tmp_path / "home", teacher=local_teacher(tmp_path, wheel_blob), shipped=shipped)
+    config = (built / "config.json").read_bytes()
+    (shipped / default_model.SETTINGS_FILE).write_text(text)
+    with pytest.raises(DefaultModelError, match=why) as err:
+        update_shipped(built, tmp_path / "home", shipped=shipped)
+    assert str(shipped / default_model.SETTINGS_FILE) in str(err.value) and "\n" not in str(err.value)
+    assert (built / "config.json").read_bytes() == config
+
+
 def test_a_corrupt_shipped_file_is_one_line_naming_it(tmp_path: Path, wheel_blob: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     base = _plain(tmp_path, wheel_blob)
     shipped = write_shipped(tmp_path / "shipped", base)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent.importers.download import sha256_of
-from agent.importers.shipped import SHIPPED, SHIPPED_FILES
+from agent.importers.shipped import SETTINGS_FILE, SETTINGS_FORMAT, SHIPPED, SHIPPED_FILES
 from agent.runtime.checkpoint import load_model, load_model_dir, save_model_dir
 from agent.runtime.config import PRESETS
 from agent.runtime.files import DigestCache
@@ -80,7 +80,7 @@ def test_an_unknown_quantization_is_refused(model_dir: Path) -> None:
 
 def test_a_built_default_whose_shipped_files_are_current_is_checked_without_torch(tmp_path: Path) -> None:
     records = [{"file": name, "format": formats[-1], "tensors": 1, "sha256": sha256_of(SHIPPED / name)}
-               for name, formats in SHIPPED_FILES if (SHIPPED / name).is_file()]
+               for name, formats in [*SHIPPED_FILES, (SETTINGS_FILE, (SETTINGS_FORMAT,))] if (SHIPPED / name).is_file()]
     default = tmp_path / "home" / "models" / "default"
     default.mkdir(parents=True)
     meta = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "model": PRESETS["tiny"].to_dict(),
