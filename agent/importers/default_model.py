@@ -258,11 +258,11 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
         raise DefaultModelError(f"{fail}: {exc}") from None
     for r in reversed(records):
         if r["format"] == SETTINGS_FORMAT:  # the config values it replaced
-            was = r.get("was")
-            if not isinstance(was, dict):
+            replaced = r.get("was")
+            if not isinstance(replaced, dict):
                 raise DefaultModelError(f"{fail}: the card's record of {r['file']} has no values to restore; to build the "
                                         f"default anew, remove {model_dir} and run again")
-            _set_config(loaded, was, f"{fail}: the old {r['file']} cannot be taken out")
+            _set_config(loaded, replaced, f"{fail}: the old {r['file']} cannot be taken out")
             continue
         path = model_dir / UNDO_DIR / r["file"]
         try:

@@ -232,12 +232,10 @@ def native_memory_ok(config: Any) -> bool:
     return not config.memory_slots or config.memory_policy == "novelty"
 
 
-def native_state_ok(config: Any, state: dict[str, Tensor]) -> bool:
-    """Whether a layer's state tensors are in the form the C kernels write: contiguous, fp32
-    (the memory's positions int64)."""
-    names = ["win_k", "win_v", *(["gla"] if config.gla_branch else []), *(MEMORY_NAMES if config.memory_slots else [])]
-    return all(state[n].dtype == (torch.int64 if n == "mem_pos" else torch.float32) and state[n].is_contiguous()
-               for n in names)
+def native_state_ok(state: dict[str, Tensor]) -> bool:
+    """Whether state tensors (a layer's, or every layer's) are in the form the C kernels
+    write: contiguous, fp32 (the memory's positions int64)."""
+    return all(t.dtype == (torch.int64 if n == "mem_pos" else torch.float32) and t.is_contiguous() for n, t in state.items())
 
 
 def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
@@ -250,7 +248,7 @@ def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
     tap = attn.decay_tap
     if tap._forward_hooks or tap._forward_pre_hooks:
         return False
-    return native_state_ok(c, state)
+    return native_state_ok(state)
 
 
 def _ptr(t: Tensor | None) -> int | None:

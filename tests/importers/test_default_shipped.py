@@ -132,6 +132,7 @@ def test_shipped_settings_switch_the_memory_on_and_a_removed_file_switches_it_of
     assert first.exit_code == 0, first.output
     notices = _notices(first.stderr)
     assert len(notices) == 1 and "(settings.json added)" in notices[0] and "--rebuild-state" in notices[0], first.stderr
+    assert "; was: gla_branch.safetensors (replace, 2 tensors" in notices[0]  # what was applied before, in words
     shown = [line for line in first.stdout.splitlines() if line.startswith("shipped ")]
     assert len(shown) == 1 and "settings.json (memory_slots=5, memory_policy=novelty, sha256" in shown[0]
     loaded = load_model_dir(built)
@@ -148,6 +149,7 @@ def test_shipped_settings_switch_the_memory_on_and_a_removed_file_switches_it_of
     settings.unlink()
     line = update_shipped(built, home, shipped=shipped)
     assert line is not None and "(settings.json removed)" in line
+    assert "settings.json (memory_slots=5, memory_policy=novelty, sha256" in line.split("; was: ")[1]
     assert load_model_dir(built).config.memory_slots == 0 and load_model_dir(built).fingerprint == print_before
     assert "memory of evicted tokens" not in " ".join(json.loads((built / "config.json").read_text())["card"]["changes"])
 

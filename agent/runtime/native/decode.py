@@ -173,7 +173,7 @@ def plan_for(model: nn.Module, state: Any) -> Plan | None:
     """The model's plan if its step can run here now on `state` (built once, then checked), else None."""
     if not kernels_may_run():
         return None
-    if state.batch_size != 1 or not native_state_ok(model.config, state.layer_tensors):
+    if state.batch_size != 1 or not native_state_ok(state.layer_tensors):
         return None
     lib = native.library()
     if lib is None:
