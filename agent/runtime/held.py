@@ -21,9 +21,12 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, TypeVar
 
+import numpy as np
+
 from agent.runtime.config import LaplaceConfig
 
 if TYPE_CHECKING:
+    from agent.runtime.native.runner import ArrayState
     from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
@@ -56,7 +59,7 @@ def _overlaps(r: range, start: int, stop: int) -> bool:
     return max(r.start, start) < min(r.stop, stop)
 
 
-def held_positions(state: RecurrentState, config: LaplaceConfig) -> Held | None:
+def held_positions(state: RecurrentState | ArrayState, config: LaplaceConfig) -> Held | None:
     """What `state` (row 0) holds exactly, or None for a mixer that holds no exact tokens
     (gla, ssd: every token is folded into a recurrent matrix).
 
@@ -68,11 +71,10 @@ def held_positions(state: RecurrentState, config: LaplaceConfig) -> Held | None:
     n = int(pos[0]) if pos is not None else state.n_tokens
     S, W = config.sinks, config.window
     memory: tuple[int, ...] = ()
-    slots = state.tensors.get(MEMORY)
-    if slots is not None and slots.numel():
-        row = slots[:, 0] - 1  # [L, G, M] positions: batch is dim 1 of every state tensor
-        row = row[(row >= 0) & (row < n)]
-        memory = tuple(row.unique().tolist())  # unique() sorts
+    slots = state.tensors.get(MEMORY)  # a torch tensor, or numpy for the engine's state (native.runner.ArrayState)
+    if slots is not None:
+        row = np.asarray(slots.cpu() if hasattr(slots, "cpu") else slots)[:, 0] - 1  # [L, G, M]: batch is dim 1
+        memory = tuple(int(p) for p in np.unique(row[(row >= 0) & (row < n)]))  # np.unique sorts
     return Held(n=n, sinks=range(0, min(S, n)), window=range(max(S, n - W), n), memory=memory)
 
 

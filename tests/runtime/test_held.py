@@ -58,6 +58,25 @@ def test_memory_positions_are_sorted_distinct_and_skip_empty_slots() -> None:
     assert [p for p in range(20) if held.holds(p)] == [0, 1, 5, 7, 9, 11, 16, 17, 18, 19]
 
 
+def test_the_engines_state_is_read_as_torchs_is(tmp_path) -> None:
+    """Chat on the torch-free engine hands over its numpy state (`native.runner.ArrayState`):
+    the same positions as the torch state of the same tokens (a chat crashed on it)."""
+    from agent.runtime.native import library
+    from agent.runtime.native.runner import EngineRunner, open_engine_model
+    from tests.runtime.test_native_engine import saved
+
+    if library() is None:
+        pytest.skip("no C compiler: the engine does not run here")
+    d, model = saved(tmp_path, False, memory_slots=3, memory_policy="novelty", combine="softmax", window=12)
+    ids = torch.randint(0, 264, (70,), generator=torch.Generator().manual_seed(4)).tolist()
+    _, engine_state = EngineRunner(open_engine_model(d, weights="fp32").engine).prefill(ids)
+    with torch.inference_mode():
+        _, torch_state = model(torch.tensor([ids]))
+    torch_state.n_tokens = len(ids)
+    got, want = held_positions(engine_state, model.config), held_positions(torch_state, model.config)
+    assert got == want and got.n == 70 and len(got.memory) >= 3 and all(p < 70 - 12 for p in got.memory)
+
+
 SPANS = {"in sinks": (1, 3), "gap": (2, 5), "in memory": (4, 6), "gap after memory": (6, 9),
          "ends at window": (12, 16), "touches window": (12, 17), "in window": (17, 20), "unread": (18, 22),
          "empty": (10, 10)}
