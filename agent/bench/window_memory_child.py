@@ -102,7 +102,7 @@ def time_rounds(read: Callable[[list[int]], tuple[Any, Any]], prefill: Callable[
 
 def spec_bytes(config: Any, names: Any) -> int:
     """Bytes of the state tensors `names` (those of `config.state_spec(1)` among them)."""
-    size = {"float32": 4, "int64": 8}
+    from agent.runtime.state_spec import DTYPE_BYTES as size  # torch-free
     return sum(math.prod(shape) * size[dt] for name, (shape, dt) in config.state_spec(1).items() if name in names)
 
 

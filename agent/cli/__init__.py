@@ -72,7 +72,9 @@ def info(
         parts = data["state_parts"]
         branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
         slots = c.get("memory_slots", 0)
-        memory = f", memory of {slots} evicted tokens per kv head ({c.get('memory_policy', 'recall')})" if slots else ""
+        layers = c.get("memory_layers") or []
+        where = f" in {len(layers)} of {c['n_layers']} layers" if layers else ""
+        memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')})" if slots else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
                  f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
         held = sum(parts.get(n, 0) for n in ("mem_k", "mem_v", "mem_score", "mem_pos"))

@@ -50,9 +50,12 @@ def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, la
                                work_dir=out.parent.parent / "partial", hybrid=options)
     except CheckpointError as exc:
         raise fail(str(exc)) from None
+    from agent.importers.shipped import describe_memory  # torch-free
+
     c = lm.config
     shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}"
-             + (f", memory {c.memory_slots} ({c.memory_policy})" if c.memory_slots else "") if c.mixer == "window"
+             + (f", memory {describe_memory(c.memory_slots, c.memory_policy, c.memory_layers, c.n_layers)}" if c.memory_slots else "")
+             if c.mixer == "window"
              else f"{c.n_heads} heads of {c.head_k_dim} x {c.head_v_dim}")
     typer.echo(
         f"imported {label} as {out.name}: {lm.card.get('family')}, {c.n_layers} layers, {shape}, "
@@ -178,6 +181,7 @@ def import_command(
     combine: Optional[str] = typer.Option(None, "--combine", help="Llama: how the branch joins the window: softmax (one normalisation) or gated."),
     memory: Optional[int] = typer.Option(None, "--memory", help="Llama: evicted tokens kept per layer and kv head, read with the window (default 0: none)."),
     memory_policy: Optional[str] = typer.Option(None, "--memory-policy", help="Llama: which evicted tokens the memory keeps: recall (needs the GLA branch), attention or novelty."),
+    memory_layers: Optional[str] = typer.Option(None, "--memory-layers", help="Llama: the layers that keep the memory, e.g. 11,14-18 (default: all)."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
     settings = settings_of(ctx)
@@ -197,8 +201,16 @@ def import_command(
 
     if memory_policy is not None and memory_policy not in MEMORY_POLICIES:
         raise fail(f"--memory-policy takes {', '.join(MEMORY_POLICIES)}, not {memory_policy!r}")
+    from agent.importers.shipped import parse_layers  # torch-free
+
+    layers = None
+    if memory_layers is not None:
+        try:
+            layers = parse_layers(memory_layers)
+        except ValueError as exc:
+            raise fail(f"--memory-layers: {exc}") from None
     hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine, "memory_slots": memory,
-                                "memory_policy": memory_policy}.items() if v is not None}
+                                "memory_policy": memory_policy, "memory_layers": layers}.items() if v is not None}
     target = _target(settings, out)
     lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,
                   label=str(src.resolve()), hybrid=hybrid or None)

@@ -45,6 +45,7 @@ class HybridOptions:
     chunk_size: int = 64
     memory_slots: int = 0  # evicted tokens kept per layer and kv head (agent/runtime/memory.py); 0: none
     memory_policy: str = "recall"  # or "attention", "novelty" (agent/runtime/memory.py)
+    memory_layers: tuple[int, ...] = ()  # the layers that keep it (empty: all)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,7 @@ def hybrid_config(shape: LlamaShape, opts: HybridOptions, *, name: str) -> Lapla
             tie_embeddings=s.tied, mixer="window", n_kv_heads=s.n_kv_heads, rope_theta=s.rope_theta,
             window=opts.window, sinks=opts.sinks, gla_branch=opts.gla_branch, feature_map=opts.feature_map,
             combine=opts.combine, memory_slots=opts.memory_slots, memory_policy=opts.memory_policy,
+            memory_layers=tuple(opts.memory_layers),
         )
     except ValueError as exc:
         raise CheckpointError(f"cannot make a window hybrid of this Llama ({exc})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from agent.importers.download import sha256_of
 from agent.runtime.modeldir import PACKAGED_MODELS, ModelLoadError, read_config
@@ -25,7 +25,7 @@ SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
 # the values it replaced, under "was").
 SETTINGS_FILE = "settings.json"
 SETTINGS_FORMAT = "settings"
-SETTING_KEYS = ("memory_slots", "memory_policy")
+SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers")
 
 
 class DefaultModelError(Exception):
@@ -93,6 +93,25 @@ def read_settings(path: Path) -> dict[str, Any]:
     return values
 
 
-def describe_memory(slots: int, policy: str) -> str:
-    """A config's memory of evicted tokens in words: "224 slots (novelty)", or "none"."""
-    return f"{slots} slots ({policy})" if slots else "none"
+def describe_memory(slots: int, policy: str, layers: Sequence[int] = (), n_layers: int = 0) -> str:
+    """A config's memory of evicted tokens in words: "224 slots (novelty)", "768 slots
+    (novelty) in 13 of 30 layers (11, 14, ...)", or "none"."""
+    if not slots:
+        return "none"
+    of = f" of {n_layers}" if n_layers else ""
+    where = f" in {len(layers)}{of} layers ({', '.join(map(str, layers))})" if layers else ""
+    return f"{slots} slots ({policy}){where}"
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """"11,14-18" -> (11, 14, 15, 16, 17, 18): layer indices, ascending; ValueError otherwise."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{text!r} is not a list of layers like 11,14-18")
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if b < a:
+            raise ValueError(f"{part.strip()!r} runs backwards")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))

@@ -85,6 +85,7 @@ class LaplaceConfig:
     combine: str = "softmax"  # "softmax": one normalisation (LoLCATs); "gated": window + gate * GLA
     memory_slots: int = 0  # M: evicted tokens kept per layer and kv head, read with the window (0: none)
     memory_policy: str = "recall"  # which evicted tokens it keeps: "recall" (LoLA), "attention" (TOVA) or "novelty"
+    memory_layers: tuple[int, ...] = ()  # the layers that keep the memory, ascending (empty: every layer)
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -134,6 +135,10 @@ class LaplaceConfig:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
         if self.window <= 0 or self.sinks < 0 or self.feature_dim < 0 or self.rope_theta <= 0 or self.memory_slots < 0:
             raise ValueError("the window mixer needs window >= 1, sinks >= 0, feature_dim >= 0, memory_slots >= 0 and rope_theta > 0")
+        object.__setattr__(self, "memory_layers", tuple(int(i) for i in self.memory_layers))  # JSON gives a list
+        if list(self.memory_layers) != sorted(set(self.memory_layers)) or any(not 0 <= i < self.n_layers for i in self.memory_layers):
+            raise ValueError(f"memory_layers must be distinct layer indices 0..{self.n_layers - 1} in ascending order, "
+                             f"got {list(self.memory_layers)}")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
             raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:
@@ -167,6 +172,11 @@ class LaplaceConfig:
         if c.mixer == "window":
             parts = ["window", f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}", f"KV{c.kv_heads}", f"W{c.window}", f"S{c.sinks}"]
             branch = f"gla-{c.feature_map}{c.feature_size}-{c.combine}" if c.gla_branch else "nogla"
+            if c.memory_slots:  # bf16 slots (a state of the fp32 ones, which named no memory here, is refused by name)
+                from agent.runtime.state_spec import memory_layers
+
+                layers = "all" if not c.memory_layers else "+".join(map(str, memory_layers(c)))
+                branch += f"/mem{c.memory_slots}-{c.memory_policy}-bf16-layers{layers}"
             return "/".join(parts + [branch])
         parts = [c.mixer, f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}x{c.head_v_dim}", f"G{c.qk_heads}", f"conv{c.conv_dim}x{c.conv_size}"]
         if c.mixer == "ssd":
@@ -244,11 +254,15 @@ class LaplaceConfig:
         gla and ssd: gla [L, B, H, K, V] and the conv cache [L, B, conv_dim, conv_size].
         window: the ring win_k / win_v [L, B, G, S + W, D] (keys rotated to their slot's
         angle; slots < S are the sinks), the branch's gla [L, B, H, F, D + 1] (the extra
-        column sums the normaliser) if it is on, and pos."""
+        column sums the normaliser) if it is on, the memory's [L_mem, B, G, M, ...] over the
+        layers that keep one (`state_spec.memory_layers`), and pos."""
         if self.mixer == "window":  # declared torch-free (state_spec.py): the engine's process reads it too
-            from agent.runtime.state_spec import WINDOW_USES_POSITIONS, window_state_spec
+            from agent.runtime.state_spec import WINDOW_USES_POSITIONS, stacked_window_spec
 
-            layer, uses_positions = window_state_spec(self, batch), WINDOW_USES_POSITIONS
+            spec = stacked_window_spec(self, batch)
+            if WINDOW_USES_POSITIONS:
+                spec["pos"] = ((1, batch), "int64")  # state.POSITIONS: the model's, no layer dimension
+            return spec
         else:
             # The mixers declare their state and import this module, so their table is looked
             # up when asked, by name (a registry read at call time: no import cycle at load time).
@@ -261,8 +275,9 @@ class LaplaceConfig:
 
     def state_bytes(self, batch: int = 1) -> int:
         """Bytes of the recurrent state: gla + conv cache, or ring + branch + positions."""
-        size = {"float32": 4, "int64": 8}
-        return sum(math.prod(shape) * size[dtype] for shape, dtype in self.state_spec(batch).values())
+        from agent.runtime.state_spec import DTYPE_BYTES
+
+        return sum(math.prod(shape) * DTYPE_BYTES[dtype] for shape, dtype in self.state_spec(batch).values())
 
     def kv_cache_bytes(self, tokens: int, bytes_per_value: int = 2) -> int:
         """A comparable softmax KV cache (K and V of width d_model per layer, or of the
@@ -305,7 +320,7 @@ _SWITCHES = frozenset(
     ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
      "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps",
      "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine",
-     "memory_slots", "memory_policy")
+     "memory_slots", "memory_policy", "memory_layers")
 )
 
 

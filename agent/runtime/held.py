@@ -5,7 +5,7 @@ three sets of tokens of the stream it has read (n tokens, positions 0 .. n - 1):
 
 - the sinks: positions [0, min(S, n));
 - the window: the last W tokens, positions [max(S, n - W), n);
-- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L, B, G, M] holds
+- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L_mem, B, G, M] (over the layers that keep one) holds
   1 + the position each slot holds (0: empty; `memory.py`); slots differ across layers and heads, and a
   position held by any of them counts.
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
-MEMORY = "mem_pos"  # the state tensor of memory slots' positions + 1 [L, B, G, M], 0 where empty
+MEMORY = "mem_pos"  # the state tensor of memory slots' positions + 1 [L_mem, B, G, M], 0 where empty
 
 
 @dataclass(frozen=True)

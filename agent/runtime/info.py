@@ -80,7 +80,7 @@ def describe_model(name_or_path: str, *, device: str = "cpu", models_dir: Path |
         raise ModelInfoError(f"no model named {name_or_path!r}: not a model directory or a preset ({known})")
     total, muon = count_on_meta(config, card.get("synthesized_parameters") or ())
     state = config.state_bytes()
-    size = {"float32": 4, "int64": 8}
+    from agent.runtime.state_spec import DTYPE_BYTES as size  # torch-free
     parts = {name: math.prod(shape) * size[dtype] for name, (shape, dtype) in config.state_spec().items()}
     kv = config.kv_cache_bytes(8192)
     return {

@@ -1,7 +1,9 @@
 """The window mixer's bounded memory of evicted tokens (LoLA, arXiv 2505.23666; TOVA, arXiv
 2401.06104). Math only.
 
-Per layer and kv head, M slots hold the keys and values of tokens that have left the window.
+Per kv head, in every layer or in the layers `memory_layers` names, M slots hold the keys and
+values of tokens that have left the window, in bf16 (`state_spec.MEMORY_DTYPE`: a token is
+scored as it leaves, then kept, and so read by every path, rounded).
 The window's own softmax reads them, beside the sinks and the window, at RoPE distance W:
 just past the window's edge, so no angle grows with the session (as the sinks' do not).
 
@@ -52,8 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agent.runtime.state_spec import MEMORY_NAMES  # noqa: F401  (declared torch-free; importable from here too)
 
-MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")
+
 TWIN = 1e-4  # "novelty": a key within this cosine of a window key is a repeat (score 0); see above
 NOVELTY_SPAN = 8  # "novelty": window keys at most this many tokens after the leaving one are no twins; see above
 EMPTY = 0  # mem_pos of a slot that holds no token (its key, value and score are 0 too)
@@ -67,7 +70,7 @@ def admit(mem: dict[str, Tensor], k: Tensor, v: Tensor, score: Tensor, pos: Tens
     tokens leaving the window at the c steps: k, v [B, G, c, D], score [B, G, c], pos [B, c]
     int64 (1 + position, as mem_pos), ok [B, c] (whether a token leaves at that step).
 
-    Returns the candidates (the M slots, then the c tokens) as keys, values [B, G, M + c, D]
+    Returns the candidates (the M slots, then the c tokens) as fp32 keys, values [B, G, M + c, D]
     and alive [B, G, M + c, c]: whether candidate x is in the memory at step i (what step i's
     query reads); and the memory after the last step."""
     mk, mv, ms, mp = mem["mem_k"], mem["mem_v"], mem["mem_score"], mem["mem_pos"]
@@ -90,7 +93,7 @@ def admit(mem: dict[str, Tensor], k: Tensor, v: Tensor, score: Tensor, pos: Tens
     order = torch.where(alive[..., -1], cp, torch.where(empty_slot & ~real, EMPTY, EMPTY - 1))  # EMPTY - 1: dropped
     keep = order.sort(dim=-1, stable=True).indices[..., c:]  # [B, G, M]
     take = keep[..., None].expand(B, G, M, ck.shape[-1])
-    new = {"mem_k": ck.gather(2, take), "mem_v": cv.gather(2, take), "mem_score": cs.gather(2, keep),
+    new = {"mem_k": ck.gather(2, take).to(mk.dtype), "mem_v": cv.gather(2, take).to(mv.dtype), "mem_score": cs.gather(2, keep),
            "mem_pos": cp.gather(2, keep)}
     return ck, cv, alive, new
 

@@ -26,6 +26,7 @@ from agent.runtime.layers import GLU, RMSNorm
 from agent.runtime.mixers import MIXERS
 from agent.runtime.native import decode as native_decode
 from agent.runtime.state import RecurrentState
+from agent.runtime.state_spec import layer_rows
 
 
 class Block(nn.Module):
@@ -122,14 +123,14 @@ class LaplaceModel(nn.Module):
         # The new state is filled a layer at a time, each layer's tensors freed as soon as
         # they are copied in: stacking them at the end held every layer's copy beside the
         # stack and the input state (3 states at the peak, 2 now: 21 MB on the default model).
-        # (Allocated from the first layer's output, as torch.stack would: same dtype and shape.)
-        new: dict[str, Tensor] = {}
-        for i, block in enumerate(self.blocks):
-            x, layer = block(x, {name: t[i] for name, t in layers.items()}, lengths, pos)
-            for name in layers:
-                if i == 0:
-                    new[name] = layer[name].new_empty((len(self.blocks), *layer[name].shape))
-                new[name][i].copy_(layer[name])
+        # (Allocated like the input state: the same dtypes and shapes.)
+        # A layer owns row rows[name] of each stacked tensor (`state_spec.layer_rows`: the
+        # memory's only in the layers that keep one).
+        new = {name: torch.empty_like(t) for name, t in layers.items()}
+        for block, rows in zip(self.blocks, layer_rows(self.config, layers)):
+            x, layer = block(x, {name: layers[name][r] for name, r in rows.items()}, lengths, pos)
+            for name, r in rows.items():
+                new[name][r].copy_(layer[name])
             del layer
         if last_only:
             if lengths is None:
@@ -154,7 +155,7 @@ class LaplaceModel(nn.Module):
             return native_decode.step_(plan, self, tokens, state)
         x = self.embed(tokens)
         pos = state.positions
-        for block, layer in zip(self.blocks, state.layer_views()):
+        for block, layer in zip(self.blocks, state.layer_views(self.config)):
             x = block.step_(x, layer, pos)
         logits = self.head(x)
         state.advance_(1)

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from agent.runtime.config import LaplaceConfig
+from agent.runtime.state_spec import layer_rows
 from agent.runtime.state_format import (  # re-exported: the format's names are importable from here too
     LEGACY_FORMAT_VERSION,
     POSITIONS,
@@ -58,7 +59,7 @@ __all__ = [
     "layout_names", "read_state_metadata", "tensor_bytes",
 ]
 
-_DTYPES = {"float32": (torch.float32, "F32"), "int64": (torch.int64, "I64")}
+_DTYPES = {"float32": (torch.float32, "F32"), "int64": (torch.int64, "I64"), "bfloat16": (torch.bfloat16, "BF16")}
 _CODES = {code: dtype for dtype, code in _DTYPES.values()}
 
 
@@ -104,15 +105,15 @@ class RecurrentState:
         t = self.tensors.get(POSITIONS)
         return None if t is None else t[0]
 
-    def layer_views(self) -> list[dict[str, Tensor]]:
+    def layer_views(self, config: LaplaceConfig) -> list[dict[str, Tensor]]:
         """Per layer, a dict of views of the per-layer tensors (for the in-place decode step),
-        made once per set of tensors rather than once per token."""
+        made once per set of tensors rather than once per token. `config` says which layers
+        own a row of the memory's tensors (`state_spec.layer_rows`)."""
         key = tuple(map(id, self.tensors.values()))
         cached = self.__dict__.get("_views")
         if cached is None or cached[0] != key:
             layers = self.layer_tensors
-            n = next(iter(layers.values())).shape[0]
-            cached = (key, [{name: t[i] for name, t in layers.items()} for i in range(n)])
+            cached = (key, [{name: layers[name][r] for name, r in rows.items()} for rows in layer_rows(config, layers)])
             self.__dict__["_views"] = cached
         return cached[1]
 
@@ -225,11 +226,13 @@ class RecurrentState:
     def to_bytes(self, *, fingerprint: str, extra: dict[str, str] | None = None, architecture: str | None = None) -> bytes:
         """Serialize (batch 1 or more) with a checksum over the exact tensor bytes.
         `architecture` (`LaplaceConfig.architecture()`) names what the state's numbers mean.
-        Floats are written as fp32, anything else as int64; `encode_state` checks the
-        positions against n_tokens, as `check_positions` does."""
+        bf16 tensors (the memory's keys and values) are written as bf16, other floats as fp32,
+        anything else as int64; `encode_state` checks the positions against n_tokens, as
+        `check_positions` does."""
         raw = []
         for name, t in self.tensors.items():
-            dtype, code = _DTYPES["float32" if t.is_floating_point() else "int64"]
+            kind = "bfloat16" if t.dtype == torch.bfloat16 else "float32" if t.is_floating_point() else "int64"
+            dtype, code = _DTYPES[kind]
             t = t.detach().to("cpu", dtype)
             raw.append((name, code, tuple(t.shape), tensor_bytes(t)))
         return encode_state(raw, n_tokens=self.n_tokens, fingerprint=fingerprint, architecture=architecture, extra=extra)

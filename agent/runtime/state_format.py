@@ -19,7 +19,8 @@ states give equal bytes); any other layout is version 3, the layout naming each 
 its shape in the state's own order. Version 2 stored the window ring's keys un-rotated:
 `native.engine.rotate_ring_keys` (or `window.rotate_ring_keys`) converts them.
 
-Tensors travel as `(name, dtype code, shape, raw bytes)`: dtype code "F32" or "I64", raw
+Tensors travel as `(name, dtype code, shape, raw bytes)`: dtype code "F32", "I64" or "BF16"
+(a memory's keys and values), raw
 bytes little-endian and C-order (bytes, bytearray or memoryview).
 """
 
@@ -42,7 +43,7 @@ UNROTATED_FORMAT_VERSION = 2  # named tensors, the window ring's keys stored un-
 READABLE_VERSIONS = (str(LEGACY_FORMAT_VERSION), str(UNROTATED_FORMAT_VERSION), str(STATE_FORMAT_VERSION))
 POSITIONS = "pos"  # the tensor of tokens read per row [1, B]: the model's, not a layer's
 STATE_LAYOUT = "gla[L,B,H,K,V]+conv[L,B,D,W]"  # D: the conv's channels (conv_dim)
-DTYPE_SIZES = {"F32": 4, "I64": 8}  # the two dtypes a state holds: fp32 numbers, int64 counts
+DTYPE_SIZES = {"F32": 4, "I64": 8, "BF16": 2}  # the dtypes a state holds: fp32 numbers, int64 counts, the memory's bf16
 _UNPACK = {"F32": "<f", "I64": "<q"}
 _REPLAY = "replay the transcript into a fresh state"
 
@@ -212,7 +213,7 @@ def encode_state(
     architecture: str | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> bytes:
-    """The bytes of a state: `tensors` (name, "F32" | "I64", shape, raw bytes) in the
+    """The bytes of a state: `tensors` (name, "F32" | "I64" | "BF16", shape, raw bytes) in the
     state's own order, batch at dim 1. A gla+conv state is version 1, any other version 3.
     Raises ValueError for tensors that do not fit their description, and StateCorruptError
     when a batch-1 state's positions disagree with `n_tokens`."""

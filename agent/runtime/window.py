@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
 from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, novelty, recall_error, twin_ok
-from agent.runtime.state_spec import WINDOW_USES_POSITIONS, window_state_spec
+from agent.runtime.state_spec import WINDOW_USES_POSITIONS, memory_layers, window_state_spec
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -196,7 +196,10 @@ def window_attention(
             else:  # "attention": the weight the step's query gives its leaving key
                 s_ev = (q_mem[..., i0:i1, :] * kb[:, :, None]).sum(-1)  # [B, G, R, c]
                 score = ((s_ev - m[..., 0]).exp() / den).mean(2)
-            ck, cv, alive, memory = admit(memory, kb, vb, score, new_pos[:, i0:i1] - W + 1, ev_ok[:, i0:i1])
+            # Scored as they leave, kept (and so read, here and by every later step) as the memory stores them.
+            kept = memory["mem_k"].dtype
+            ck, cv, alive, memory = admit(memory, kb.to(kept).float(), vb.to(kept).float(), score,
+                                          new_pos[:, i0:i1] - W + 1, ev_ok[:, i0:i1])
             s_mem = (q_mem[..., i0:i1, :] @ ck[:, :, None].transpose(-1, -2)).masked_fill(
                 ~alive.transpose(-1, -2)[:, :, None], float("-inf"))  # [B, G, R, c, M + c]
             m_all = torch.maximum(m, s_mem.amax(-1, keepdim=True))
@@ -238,6 +241,7 @@ def hybrid_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, window: int, sinks: int, theta: float,
     phi_q: Tensor | None = None, phi_k: Tensor | None = None, g: Tensor | None = None,
     mix: Tensor | None = None, mode: str = "softmax", memory_slots: int = 0, memory_policy: str = "attention",
+    memory_dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """The layer's attention from its definition, one query at a time over the whole
     history from position 0, in float64 (no ring, no blocks, no offsets, no slots).
@@ -245,11 +249,13 @@ def hybrid_attention_naive(
     q [B, T, H, D]; k, v [B, T, G, D] un-rotated; for the branch: phi_q, phi_k [B, T, H, F]
     (phi_k of each position's key as query head h sees it), g [B, T, H], mix [H]. The
     memory: per (row, kv head), the `memory_slots` best-scored tokens that have left the
-    window (`memory.py`), read at RoPE distance W. Returns y [B, T, H, D] in v's dtype."""
+    window (`memory.py`), read at RoPE distance W, their keys and values as stored
+    (`memory_dtype`; scored before rounding). Returns y [B, T, H, D] in v's dtype."""
     B, T, H, D = q.shape
     G = k.shape[2]
     R, S, W, M = H // G, sinks, window, memory_slots
     qd, kd, vd = q.double(), k.double().repeat_interleave(R, 2), v.double().repeat_interleave(R, 2)  # [B, T, H, D]
+    km, vm = (x.to(memory_dtype).double().repeat_interleave(R, 2) for x in (k, v))  # as the memory holds them
     branch = phi_q is not None and phi_k is not None and g is not None and mix is not None
     if branch or (M and memory_policy == "recall"):
         assert phi_k is not None and g is not None
@@ -294,9 +300,9 @@ def hybrid_attention_naive(
                     best = sorted(ev, key=lambda e: (scores[b, kv, e], e), reverse=True)[:M]
                     for e in best:
                         held[b, kv * R : (kv + 1) * R, ev.index(e)] = True
-            s_mem = (q_w[:, :, None] * kd[:, ev].transpose(1, 2)).sum(-1) / math.sqrt(D)
+            s_mem = (q_w[:, :, None] * km[:, ev].transpose(1, 2)).sum(-1) / math.sqrt(D)
             s = torch.cat([s, s_mem.masked_fill(~held, float("-inf"))], -1)
-            vals = torch.cat([vals, vd[:, ev].transpose(1, 2)], 2)
+            vals = torch.cat([vals, vm[:, ev].transpose(1, 2)], 2)
         w = (s - s.amax(-1, keepdim=True)).exp()
         num = torch.einsum("bhn,bhnd->bhd", w, vals)
         den = w.sum(-1)
@@ -407,7 +413,7 @@ class WindowAttention(nn.Module):
         c = self.config
         B, T, _ = x.shape
         q, k, v = self._qkv(x)
-        memory = {n: layer[n] for n in MEMORY_NAMES} if c.memory_slots else None
+        memory = {n: layer[n] for n in MEMORY_NAMES} if "mem_k" in layer else None  # `state_spec.memory_layers`
         branch = ev_score = evicted = None
         if self.gla_branch is not None:  # the branch reads what leaves the window: found once, here
             evicted = evictions(k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks, theta=c.rope_theta)
@@ -474,8 +480,9 @@ class WindowAttention(nn.Module):
         call it with the window's part computed once."""
         return self.combine_branch(self.branch_inputs(x, q, ev_k, ev_v, ev_ok, lengths), num, den, gla_state)
 
-    def reference(self, x: Tensor) -> Tensor:
-        """The layer over a whole sequence from position 0 through `hybrid_attention_naive`."""
+    def reference(self, x: Tensor, memory: bool = True) -> Tensor:
+        """The layer over a whole sequence from position 0 through `hybrid_attention_naive`
+        (`memory`: whether this layer keeps the config's memory, `state_spec.memory_layers`)."""
         c = self.config
         q, k, v = self._qkv(x)
         br = self.gla_branch
@@ -484,7 +491,7 @@ class WindowAttention(nn.Module):
             R = c.n_heads // c.kv_heads
             kw.update(phi_q=feature_map(q, br.q_map, c.feature_map), phi_k=feature_map(k.repeat_interleave(R, 2), br.k_map, c.feature_map),
                       g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
-        if c.memory_slots:
+        if c.memory_slots and memory:
             kw.update(memory_slots=c.memory_slots, memory_policy=c.memory_policy)
             if br is not None:
                 kw.setdefault("phi_k", feature_map(k.repeat_interleave(c.n_heads // c.kv_heads, 2), br.k_map, c.feature_map))
@@ -507,8 +514,9 @@ def naive_forward(model: nn.Module, ids: Tensor) -> Tensor:
     """Logits [B, T, vocab] of a window-mixer model through the slow reference, from
     position 0 with no state: the fast path's tests compare against this."""
     x = model.embed(ids)
-    for block in model.blocks:
-        x = x + block.attn.reference(block.attn_norm(x))
+    keep = memory_layers(model.config)
+    for i, block in enumerate(model.blocks):
+        x = x + block.attn.reference(block.attn_norm(x), i in keep)
         if block.ffn is not None:
             x = x + block.ffn(block.ffn_norm(x))
     h = model.norm(x)

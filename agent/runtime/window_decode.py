@@ -113,9 +113,10 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
     tabs = step_tables(S, W, D, c.rope_theta, x.device)
+    memory = "mem_k" in state  # this layer keeps a memory (`state_spec.memory_layers`)
     # One row through the C step; with a memory, every row one by one (the torch form below
     # ranks the candidates with a sort per step, ~4x the window's time).
-    if (B == 1 or c.memory_slots) and kernels_may_run() and _native_ok(attn, x, state):
+    if (B == 1 or memory) and kernels_may_run() and _native_ok(attn, x, state):
         lib = native.library()
         if lib is not None:
             return _native_step(lib, attn, x, state, pos, tabs)
@@ -127,7 +128,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     q, k, v = f32(q).reshape(B, G, R, D), f32(k).reshape(B, G, D), f32(v).reshape(B, G, D)
     win_k, win_v = state["win_k"], state["win_v"]
     cos_k, sin_k = cos3[:, None, 1], sin3[:, None, 1]  # [B, 1, D]: the key's angle is its slot
-    br, memory = attn.gla_branch, c.memory_slots > 0
+    br = attn.gla_branch
     if br is not None or memory:  # the key/value leaving the window: the slot's old content, read before the write
         if B == 1:
             old_k, ev_v = win_k[:, :, slots[0]], win_v[:, :, slots[0]].clone()
@@ -186,11 +187,11 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
         leaving = torch.tensor(ok, device=x.device)[:, None]
         *_, new = admit(mem, ev_k[:, :, None], ev_v[:, :, None], score[..., None], pos[:, None] - W + 1, leaving)
         for n in MEMORY_NAMES:
-            state[n].copy_(new[n])
-        s_mem = (qm @ state["mem_k"].transpose(-1, -2)).masked_fill((state["mem_pos"] == EMPTY)[:, :, None], float("-inf"))
+            state[n].copy_(new[n])  # keys and values rounded to bf16 here, before anything reads them
+        s_mem = (qm @ state["mem_k"].float().transpose(-1, -2)).masked_fill((state["mem_pos"] == EMPTY)[:, :, None], float("-inf"))
         m_all = torch.maximum(m, s_mem.amax(-1, keepdim=True))
         p_mem, rescale = (s_mem - m_all).exp(), (m - m_all).exp()
-        num = num * rescale + p_mem @ state["mem_v"]
+        num = num * rescale + p_mem @ state["mem_v"].float()
         den = den * rescale[..., 0] + p_mem.sum(-1)
     if br is None:
         return attn.o_proj((num / den.unsqueeze(-1)).reshape(B, H * D).to(x.dtype))
@@ -232,10 +233,13 @@ def native_memory_ok(config: Any) -> bool:
     return not config.memory_slots or config.memory_policy == "novelty"
 
 
+KERNEL_DTYPES = {"mem_pos": torch.int64, "mem_k": torch.bfloat16, "mem_v": torch.bfloat16}  # the rest fp32
+
+
 def native_state_ok(state: dict[str, Tensor]) -> bool:
     """Whether state tensors (a layer's, or every layer's) are in the form the C kernels
-    write: contiguous, fp32 (the memory's positions int64)."""
-    return all(t.dtype == (torch.int64 if n == "mem_pos" else torch.float32) and t.is_contiguous() for n, t in state.items())
+    write: contiguous, fp32 (the memory's positions int64, its keys and values bf16)."""
+    return all(t.dtype == KERNEL_DTYPES.get(n, torch.float32) and t.is_contiguous() for n, t in state.items())
 
 
 def _native_ok(attn: Any, x: Tensor, state: dict[str, Tensor]) -> bool:
@@ -295,7 +299,7 @@ def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: Ste
                  params[2].data_ptr(), c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
     # A prefill's rows split their heads over 2 threads (decode.c), when torch may use 2.
     args += [y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())]
-    if c.memory_slots:
+    if "mem_k" in state:
         assert native_memory_ok(c), c.memory_policy
         rc = lib.laplace_window_memory(*args, *(state[n].data_ptr() for n in MEMORY_NAMES), c.memory_slots,
                                        tabs.mem_tab.data_ptr(), NOVELTY_SPAN, 1.0 - TWIN)

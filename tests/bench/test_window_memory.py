@@ -84,7 +84,7 @@ def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_pat
         assert x["decode_time_ratio"] > 0 and x["prefill_time_ratio"] > 0 and x["floors"]["state"] is True
     assert v["window"]["decode_time_ratio"] == 1.0 and v["window"]["memory_bytes"] == 0
     # 2 layers x 2 kv heads x 4 slots x (key and value of 8 floats, a float score, an int64 position)
-    assert v["recall-4"]["memory_bytes"] == v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
+    assert v["recall-4"]["memory_bytes"] == v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 2 + 4 + 8)  # keys and values bf16
     assert v["recall-4"]["state_bytes"] == v["window"]["state_bytes"] + v["recall-4"]["memory_bytes"]
     assert v["recall-4"]["memory_filled"] == v["attention-4"]["memory_filled"] == v["novelty-4"]["memory_filled"] == 1.0
     assert "window-memory" in r.output and "ratios_valid" in r.output
@@ -112,7 +112,7 @@ def test_the_engine_runs_the_novelty_variants_without_torch(kernels, tmp_path): 
         assert x["runtime"] == "engine" and x["weights"] == "int8" and x["torch_imported"] is False
         assert x["prefill_tok_s"] > 0 and x["decode_tok_s"] > 0 and x["decode_time_ratio"] > 0
     assert v["window"]["memory_filled"] is None and v["novelty-4"]["memory_filled"] == 1.0
-    assert v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 4 + 4 + 8)
+    assert v["novelty-4"]["memory_bytes"] == 2 * 2 * 4 * (2 * 8 * 2 + 4 + 8)  # keys and values bf16
     assert v["novelty-4"]["state_bytes"] == v["window"]["state_bytes"] + v["novelty-4"]["memory_bytes"]
 
 

@@ -244,3 +244,14 @@ def test_an_update_that_cannot_be_written_keeps_the_old_model_whole(tmp_path: Pa
     assert result.exit_code == 0 and "first use" not in result.output, result.output
     assert len(_notices(result.stderr)) == 1 and "(answer_delta.safetensors changed)" in result.stderr
     assert torch.allclose(_weights(built)[lora_key(base)], base[lora_key(base)] + 4.0, atol=1e-5)
+
+
+def test_memory_layers_parse_and_read_in_words() -> None:
+    from agent.importers.shipped import describe_memory, parse_layers
+
+    assert parse_layers("11,14-16, 2") == (2, 11, 14, 15, 16)
+    for bad in ("3-1", "a", "1,,2", "4-"):
+        with pytest.raises(ValueError):
+            parse_layers(bad)
+    assert describe_memory(768, "novelty", (1, 2), 30) == "768 slots (novelty) in 2 of 30 layers (1, 2)"
+    assert describe_memory(448, "novelty") == "448 slots (novelty)" and describe_memory(0, "novelty") == "none"

@@ -30,6 +30,12 @@ NOVELTY = [
     pytest.param(dict(memory_slots=3, memory_policy="novelty", combine="gated", n_kv_heads=1, window=NW), id="novelty-gated-mqa"),
 ]
 GRID += NOVELTY
+# A memory in some layers only (`memory_layers`): the others are the window alone.
+SOME_LAYERS = [
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,)), id="novelty-layer-1"),
+    pytest.param(dict(memory_slots=3, memory_policy="recall", combine="softmax", memory_layers=(0,)), id="recall-layer-0"),
+]
+GRID += SOME_LAYERS
 
 
 def wide(policy: str) -> dict:
@@ -186,7 +192,7 @@ def test_state_with_memory_is_fixed_size_and_positions_stay_bounded():
         far_logits, _ = model(torch.tensor([[5, 6, 7]]), far)
     torch.testing.assert_close(far_logits, near_logits, rtol=1e-5, atol=1e-5)
     M, G, D, L = c.memory_slots, c.kv_heads, c.head_k_dim, c.n_layers
-    assert c.state_bytes() - window_model(**{"memory_slots": 0, "combine": "gated"}).config.state_bytes() == L * G * M * (2 * D * 4 + 4 + 8)
+    assert c.state_bytes() - window_model(**{"memory_slots": 0, "combine": "gated"}).config.state_bytes() == L * G * M * (2 * D * 2 + 4 + 8)  # keys and values bf16
 
 
 def test_recall_policy_needs_the_branch():
@@ -284,3 +290,45 @@ def test_novelty_keeps_a_repeat_within_the_span_and_drops_a_far_one(gap, path):
     held = state.tensors["mem_pos"][0, 0].flatten().tolist()  # layer 0, row 0: [G * M], 1 + position
     want = [u + 1, u + gap + 1] if gap <= NOVELTY_SPAN else [u + gap + 1, T - c.window]  # T - 1 - W left last
     assert held == want * c.kv_heads, (gap, path, held)
+
+
+def test_a_memory_in_some_layers_stacks_over_those_layers_only():
+    """memory_layers=(1,): the memory's tensors have one layer row (the state is that much
+    smaller), layer 1's layer view holds them and layer 0's does not, and they fill."""
+    kw = dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW)
+    some, every = window_model(**kw, memory_layers=(1,)), window_model(**kw)
+    c = some.config
+    ids = torch.randint(0, 64, (1, 45), generator=torch.Generator().manual_seed(21))
+    with torch.no_grad():
+        _, state = some(ids)
+    assert state.tensors["mem_k"].shape == (1, 1, c.kv_heads, 4, c.head_k_dim)
+    assert state.tensors["mem_k"].dtype == torch.bfloat16 and state.tensors["mem_score"].dtype == torch.float32
+    assert state.tensors["win_k"].shape[0] == c.n_layers == 2
+    assert (state.tensors["mem_pos"] != EMPTY).all()
+    views = state.layer_views(c)
+    assert "mem_k" not in views[0] and views[1]["mem_k"].data_ptr() == state.tensors["mem_k"].data_ptr()
+    per_layer = every.config.state_bytes() - window_model(**{**kw, "memory_slots": 0}).config.state_bytes()
+    assert every.config.state_bytes() - c.state_bytes() == per_layer // 2
+    assert "layers1" in c.architecture() and c.architecture() != every.config.architecture()
+
+
+@pytest.mark.parametrize("layers", [(2,), (1, 0), (0, 0), (-1,)])
+def test_memory_layers_must_be_distinct_ascending_layer_indices(layers):
+    with pytest.raises(ValueError, match="memory_layers"):
+        window_model(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=layers)
+
+
+def test_memory_keys_and_values_are_kept_in_bf16_as_every_path_reads_them():
+    """The memory stores bf16: a one-pass prefill, token-by-token decode and the float64
+    reference all read the rounded keys (so they agree), and its stored values are exactly
+    bf16-representable."""
+    model = window_model(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW)
+    ids = torch.randint(0, 64, (1, 45), generator=torch.Generator().manual_seed(22))
+    with torch.no_grad():
+        _, state = model(ids)
+    mk = state.tensors["mem_k"]
+    assert mk.dtype == torch.bfloat16
+    blob = state.to_bytes(fingerprint="fp", architecture=model.config.architecture())
+    back = RecurrentState.from_bytes(blob, config=model.config, fingerprint="fp")
+    assert back.tensors["mem_k"].dtype == torch.bfloat16 and torch.equal(back.tensors["mem_k"], mk)
+    assert len(blob) < model.config.state_bytes() + 4096  # bf16 on disk too, not widened to fp32

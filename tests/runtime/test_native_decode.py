@@ -20,6 +20,7 @@ from agent.runtime.memory import EMPTY, NOVELTY_SPAN
 from agent.runtime.native import decode as native_decode
 from agent.runtime.quant import quantize_int8_
 from agent.runtime.state import RecurrentState
+from agent.runtime.state_spec import memory_layers
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from tests.runtime.test_window import GRID, window_model
 
@@ -211,6 +212,8 @@ MEMORY = [
                  id="branch"),
     pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NOVELTY_SPAN + 4, vocab_size=264),
                  id="window-only"),
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NOVELTY_SPAN + 4, vocab_size=264,
+                      memory_layers=(1,)), id="layer-1-only"),
 ]
 
 
@@ -254,7 +257,8 @@ def test_rows_with_a_memory_step_through_the_c_kernel_one_by_one(kw, kernels, mo
             want = model.step_(tok, off)
             kernels(True)
             torch.testing.assert_close(model.step_(tok, on), want, rtol=1e-5, atol=1e-5)
-    assert len(calls) == 3 * c.window * 2 * c.n_layers and calls[:2] == [c.window + 5, 0]  # per row, its position
+    # per row, at its position, in the layers with a memory (one without takes the batched torch step)
+    assert len(calls) == 3 * c.window * 2 * len(memory_layers(c)) and calls[:2] == [c.window + 5, 0]
     assert torch.equal(on.tensors["mem_pos"], off.tensors["mem_pos"]) and on.allclose(off, rtol=1e-5, atol=1e-5)
 
 

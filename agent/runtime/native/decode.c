@@ -25,7 +25,7 @@
  *   xin [d_model]                the mixer's fp32 input (the branch's decay reads it)
  *   decay_w [H, d_model], decay_b [H], q_map, k_map [H, D, F0] (NULL: the elu map, F = D)
  *   y [H, D]                     the output, before o_proj (bf16 with io_bf16)
- *   mem_k, mem_v [G, M, D],      the memory of evicted tokens (`memory.py`, "novelty" policy;
+ *   mem_k, mem_v [G, M, D] bf16, the memory of evicted tokens (`memory.py`, "novelty" policy;
  *   mem_score [G, M],            mem_k NULL: no memory), written in place: slots in position
  *   mem_pos [G, M] int64         order, empty ones (mem_pos 0) first
  *   mem_tab [2 + 2W, D]          the memory's angles: cos, sin (signed) of W, at which a query
@@ -552,6 +552,43 @@ static float dot(const float *a, const float *b, int n) {
     return acc;
 }
 
+/* The memory's keys and values are bf16: widened as read (a shift). Inlined, so that with
+ * D = 64 a compile-time constant the loops unroll and the accumulators stay in registers. */
+static inline __attribute__((always_inline)) float dot_bf16(const float *a, const uint16_t *b, int n) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < n; i++) acc += a[i] * from_bf16(b[i]);
+    return acc;
+}
+
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+/* out [D] = sum over r < R of w[r] M[r] (M [R, D] bf16): `weighted_rows` for bf16 rows. */
+static inline __attribute__((always_inline)) void weighted_rows_bf16(float *out, const float *w, const uint16_t *M, int R,
+                                                                     int D) {
+    if (D % 8 == 0 && D <= 128) {
+        v8f acc[16] = {0};
+        for (int r = 0; r < R; r++) {
+            float wr = w[r];
+            const uint16_t *row = M + (int64_t)r * D;
+            for (int j = 0; j < D / 8; j++) {
+                v8h h;
+                memcpy(&h, row + 8 * j, sizeof h);
+                v8u u = __builtin_convertvector(h, v8u) << 16;
+                v8f x;
+                memcpy(&x, &u, sizeof x);
+                acc[j] += wr * x;
+            }
+        }
+        for (int j = 0; j < D / 8; j++) memcpy(out + 8 * j, &acc[j], sizeof acc[j]);
+        return;
+    }
+    for (int i = 0; i < D; i++) out[i] = 0.0f;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < D; i++) out[i] += w[r] * from_bf16(M[(int64_t)r * D + i]);
+}
+
 /* out = x cos + roll(x, D/2) sin, or with sign = -1 the rotation back (x cos - roll(x) sin). */
 static void rotate(float *out, const float *x, const float *cos, const float *sin, int D, float sign) {
     int half = D / 2;
@@ -592,12 +629,12 @@ static float novelty_score(const float *ev, const float *ring, const float *cos_
 }
 
 /* memory.admit for one step: the token leaving the window (k, v [D], its score, pos = 1 + its
- * position, later than every slot's) into a group's M slots. The memory is the M best by
- * (score, position), so the newcomer takes an empty slot (slot 0: empty ones come first) or
- * replaces the worst slot (lowest score; on a tie the earlier token) when it ranks above it,
- * which on a tie it does (it is the later token). The slots after the freed one move down
- * one, and the newcomer goes last: position order stays. */
-static void admit_one(float *mk, float *mv, float *ms, int64_t *mp, int M, int D, const float *k, const float *v,
+ * position, later than every slot's) into a group's M slots (keys and values stored bf16). The
+ * memory is the M best by (score, position), so the newcomer takes an empty slot (slot 0: empty
+ * ones come first) or replaces the worst slot (lowest score; on a tie the earlier token) when it
+ * ranks above it, which on a tie it does (it is the later token). The slots after the freed one
+ * move down one, and the newcomer goes last: position order stays. */
+static void admit_one(uint16_t *mk, uint16_t *mv, float *ms, int64_t *mp, int M, int D, const float *k, const float *v,
                       float score, int64_t pos) {
     int out = 0;
     if (mp[0] != 0) {
@@ -605,12 +642,14 @@ static void admit_one(float *mk, float *mv, float *ms, int64_t *mp, int M, int D
         if (!(score >= ms[out])) return;
     }
     int n = M - 1 - out;
-    memmove(mk + (int64_t)out * D, mk + (int64_t)(out + 1) * D, sizeof(float) * n * D);
-    memmove(mv + (int64_t)out * D, mv + (int64_t)(out + 1) * D, sizeof(float) * n * D);
+    memmove(mk + (int64_t)out * D, mk + (int64_t)(out + 1) * D, sizeof(uint16_t) * n * D);
+    memmove(mv + (int64_t)out * D, mv + (int64_t)(out + 1) * D, sizeof(uint16_t) * n * D);
     memmove(ms + out, ms + out + 1, sizeof(float) * n);
     memmove(mp + out, mp + out + 1, sizeof(int64_t) * n);
-    memcpy(mk + (int64_t)(M - 1) * D, k, sizeof(float) * D);
-    memcpy(mv + (int64_t)(M - 1) * D, v, sizeof(float) * D);
+    for (int i = 0; i < D; i++) {
+        mk[(int64_t)(M - 1) * D + i] = to_bf16(k[i]);
+        mv[(int64_t)(M - 1) * D + i] = to_bf16(v[i]);
+    }
     ms[M - 1] = score;
     mp[M - 1] = pos;
 }
@@ -648,7 +687,7 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
     const float *sin3, const int64_t *row, const float *bias, int64_t slot, int leaves, int H, int G, int D, \
     int N, float *gla, const float *xin, int d_model, const float *decay_w, const float *decay_b,          \
     const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix, float scale,   \
-    int gated, float eps, void *y, int64_t t, int S, float *const *mk, float *const *mv, float *const *ms,      \
+    int gated, float eps, void *y, int64_t t, int S, uint16_t *const *mk, uint16_t *const *mv, float *const *ms, \
     int64_t *const *mp, int M, const float *mem_tab, int span, float twin_cut
 #define TOKEN_ARGS(D, M)                                                                                  \
     qkv, io_bf16, qkv_scale, rk, rv, h0, h1, cos3, sin3, row, bias, slot, leaves, H, G, D, N, gla, xin,     \
@@ -670,7 +709,7 @@ struct run {
     const float *cos3, *sin3; const int64_t *row; const float *bias; int64_t t0; int T, H, G, D, S, W;
     float *gla; const float *xin; int64_t xin_stride; int d_model; const float *decay_w, *decay_b, *q_map, *k_map;
     int F0; float gate_normalizer; const float *mix; float scale; int gated; float eps; void *y; int64_t y_stride;
-    float *mk[64], *mv[64], *ms[64]; int64_t *mp[64]; int M; const float *mem_tab; int span; float twin_cut;
+    uint16_t *mk[64], *mv[64]; float *ms[64]; int64_t *mp[64]; int M; const float *mem_tab; int span; float twin_cut;
 };
 
 static void *run_tokens(void *arg) {
@@ -712,7 +751,7 @@ static void *run_tokens(void *arg) {
     xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y,      \
     y_stride, threads
 
-static int window_rows(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_score, int64_t *mem_pos, int M,
+static int window_rows(WINDOW_PARAMS, uint16_t *mem_k, uint16_t *mem_v, float *mem_score, int64_t *mem_pos, int M,
                        const float *mem_tab, int span, float twin_cut) {
     if (H <= 0 || G <= 0 || G > 64 || H % G || D % 2 || S < 0 || W <= 0 || T < 0) return 1;
     if (mem_k && (M <= 0 || !mem_v || !mem_score || !mem_pos || !mem_tab)) return 1;
@@ -738,13 +777,18 @@ static int window_rows(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_sco
     int split = (H + 1) / 2, shared = split % R ? split / R : -1;
     job.h1 = second.h0 = split;
     float *copy = NULL;
+    uint16_t *copy_kv = NULL;
     int64_t *copy_pos = NULL;
     if (shared >= 0) {
         const int64_t MD = (int64_t)job.M * D;  /* the memory's part (0 without one) */
-        copy = malloc(sizeof(float) * (2 * N * D + 2 * MD + job.M));
-        if (job.M) copy_pos = malloc(sizeof(int64_t) * job.M);
-        if (!copy || (job.M && !copy_pos)) {
+        copy = malloc(sizeof(float) * (2 * N * D + job.M));
+        if (job.M) {
+            copy_kv = malloc(sizeof(uint16_t) * 2 * MD);
+            copy_pos = malloc(sizeof(int64_t) * job.M);
+        }
+        if (!copy || (job.M && (!copy_kv || !copy_pos))) {
             free(copy);
+            free(copy_kv);
             free(copy_pos);
             return 2;
         }
@@ -753,14 +797,13 @@ static int window_rows(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_sco
         second.rk[shared] = copy;
         second.rv[shared] = copy + N * D;
         if (job.M) {
-            float *m = copy + 2 * N * D;
-            memcpy(m, job.mk[shared], sizeof(float) * MD);
-            memcpy(m + MD, job.mv[shared], sizeof(float) * MD);
-            memcpy(m + 2 * MD, job.ms[shared], sizeof(float) * job.M);
+            memcpy(copy_kv, job.mk[shared], sizeof(uint16_t) * MD);
+            memcpy(copy_kv + MD, job.mv[shared], sizeof(uint16_t) * MD);
+            memcpy(copy + 2 * N * D, job.ms[shared], sizeof(float) * job.M);
             memcpy(copy_pos, job.mp[shared], sizeof(int64_t) * job.M);
-            second.mk[shared] = m;
-            second.mv[shared] = m + MD;
-            second.ms[shared] = m + 2 * MD;
+            second.mk[shared] = copy_kv;
+            second.mv[shared] = copy_kv + MD;
+            second.ms[shared] = copy + 2 * N * D;
             second.mp[shared] = copy_pos;
         }
     }
@@ -770,13 +813,14 @@ static int window_rows(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_sco
     if (started) pthread_join(tid, NULL);
     else run_tokens(&second);
     free(copy);
+    free(copy_kv);
     free(copy_pos);
     return 0;
 }
 
 int laplace_window(WINDOW_PARAMS) { return window_rows(WINDOW_ARGS, NULL, NULL, NULL, NULL, 0, NULL, 0, 0.0f); }
 
-int laplace_window_memory(WINDOW_PARAMS, float *mem_k, float *mem_v, float *mem_score, int64_t *mem_pos, int M,
+int laplace_window_memory(WINDOW_PARAMS, uint16_t *mem_k, uint16_t *mem_v, float *mem_score, int64_t *mem_pos, int M,
                           const float *mem_tab, int span, float twin_cut) {
     if (!mem_k) return 1;
     return window_rows(WINDOW_ARGS, mem_k, mem_v, mem_score, mem_pos, M, mem_tab, span, twin_cut);
@@ -837,7 +881,7 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
         for (int s = 0; s < N; s++) m = p[s] > m ? p[s] : m;
         if (M) { /* the memory's slots join the same softmax (an empty slot: -inf) */
             for (int j = 0; j < M; j++) {
-                pm[j] = mp[g][j] != 0 ? dot(qm[r], mk[g] + (int64_t)j * D, D) : -INFINITY;
+                pm[j] = mp[g][j] != 0 ? dot_bf16(qm[r], mk[g] + (int64_t)j * D, D) : -INFINITY;
                 m = pm[j] > m ? pm[j] : m;
             }
         }
@@ -847,7 +891,7 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
         weighted_rows(num, p, vg, N, D, D);
         if (M) {
             for (int j = 0; j < M; j++) { pm[j] = vexp(pm[j] - m); den += pm[j]; }
-            weighted_rows(num_m, pm, mv[g], M, D, D);
+            weighted_rows_bf16(num_m, pm, mv[g], M, D);
             for (int i = 0; i < D; i++) num[i] += num_m[i];
         }
         const int64_t yh = (int64_t)h * D;

@@ -204,7 +204,7 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
     xp, hp, hmp, ap = x.data_ptr(), h.data_ptr(), h_mm.data_ptr(), a.data_ptr()
     prev: Tensor | None = None
     prev_scale = None
-    for lp, layer in zip(plan.layers, state.layer_views()):
+    for lp, layer in zip(plan.layers, state.layer_views(c)):
         lib.laplace_add_norm(xp, None if prev is None else prev.data_ptr(), bf, prev_scale, d,
                              lp.attn_norm.weight.data_ptr(), lp.attn_norm.eps, hp, hmp, bf)
         qkv = lp.qkv(h_mm)
@@ -236,7 +236,7 @@ def forward(plan: Plan, model: nn.Module, input_ids: Tensor, state: Any, *, last
     tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, input_ids.device)
     x = model.embed(input_ids[0]).float()
     y = torch.empty(T, c.n_heads * c.head_v_dim)
-    for lp, layer in zip(plan.layers, state.layer_views()):
+    for lp, layer in zip(plan.layers, state.layer_views(c)):
         h = lp.attn_norm(x).contiguous()
         qkv = lp.qkv.rows(h).contiguous()
         run_window(lib, lp.attn, layer, t0, tabs, qkv, 0, None, h, y)

@@ -43,22 +43,27 @@ import numpy as np  # noqa: E402
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.files import file_identity
-from agent.runtime.state_spec import StateSpec, window_state_spec
+from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, memory_layers, stacked_window_spec
 
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
 GATED_EPS = 1e-6  # window_decode.GATED_EPS (tested equal)
 NOVELTY_SPAN = 8  # memory.NOVELTY_SPAN (tested equal; memory.py imports torch)
 TWIN = 1e-4  # memory.TWIN (tested equal)
-MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")  # memory.MEMORY_NAMES (tested equal), laplace_window_memory's order
 # The memory policies the kernel scores ("recall" needs the branch's read, "attention" the softmax's weights).
 MEMORY_POLICIES = ("novelty",)
 # Rows per prefill pass, so its activations stay bounded at any prompt length: int8 128 (~4 MB:
 # its peak RSS is the tight one, and the VNNI matmul is as fast on 128 rows), fp32 512 (numpy's
 # GEMM: 484 tokens/s against 388 with 128 on the default model; ~16 MB).
 PREFILL_CHUNK = {"int8": 128, "fp32": 512}
+
 FEW_ROWS = 8  # up to this many rows, an int8 matmul reads the int8 rows directly (any number with VNNI)
 _NP = {"F32": np.float32, "I8": np.int8, "I64": np.int64, "U8": np.uint8, "F16": np.float16}
+
+
+def np_dtype(name: str) -> Any:
+    """The numpy dtype of a state dtype name ("bfloat16": its bits, uint16)."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
 
 class EngineUnavailable(Exception):
@@ -230,6 +235,7 @@ class Engine:
         # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
         self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta) if c.memory_slots else None
         self.mem_static = () if self.mem_table is None else (c.memory_slots, self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
+        self.mem_row = {layer: r for r, layer in enumerate(memory_layers(c))}  # layer -> its row of the memory's tensors
         # With the VNNI form of the int8 matmul, a prefill's rows take it too (else numpy's GEMM).
         self.c_rows = 1 << 30 if lib.laplace_matmul_i8_vnni() else FEW_ROWS
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
@@ -316,12 +322,12 @@ class Engine:
 
     def state_spec(self) -> StateSpec:
         """`config.state_spec(1)` without "pos" (which the engine keeps as an int): the
-        window mixer's own declaration, stacked over the layers."""
-        c = self.config
-        return {n: ((c.n_layers, *shape), dtype) for n, (shape, dtype) in window_state_spec(c, 1).items()}
+        window mixer's own declaration, stacked over the layers (the memory's over the
+        layers that keep one). numpy has no bf16: the memory's bf16 arrays are uint16 bits."""
+        return stacked_window_spec(self.config, 1)
 
     def new_state(self) -> EngineState:
-        return EngineState({n: np.zeros(shape, dtype=dtype) for n, (shape, dtype) in self.state_spec().items()})
+        return EngineState({n: np.zeros(shape, dtype=np_dtype(dtype)) for n, (shape, dtype) in self.state_spec().items()})
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         rows = self.embed.weight[ids].astype(np.float32)
@@ -362,10 +368,11 @@ class Engine:
         kp, vp, gp, ring, branch, mem = ptrs
         args = (qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
                 None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1], self.threads)
-        if mem is None:
+        r = None if mem is None else self.mem_row.get(i)
+        if r is None:
             rc = self.lib.laplace_window(*args)
         else:
-            rc = self.lib.laplace_window_memory(*args, *(at + i * stride for at, stride in mem), *self.mem_static)
+            rc = self.lib.laplace_window_memory(*args, *(at + r * stride for at, stride in mem), *self.mem_static)
         if rc != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 

@@ -24,14 +24,14 @@ import numpy as np
 
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.decoding import Runner, segment_length
-from agent.runtime.native.engine import Engine, EngineState, EngineUnavailable, rotate_ring_keys
+from agent.runtime.native.engine import Engine, EngineState, EngineUnavailable, np_dtype, rotate_ring_keys
 from agent.runtime.sampling import make_rng
 from agent.runtime.state_format import StateCorruptError, StateModelMismatchError, decode_state, encode_state
 from agent.runtime.templates import AnyTemplate, load_chat_template
 from agent.runtime.tokenizer import Tokenizer
 
 POSITIONS = "pos"  # the torch state's positions tensor [1, B] (state.POSITIONS)
-_CODES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}
+_CODES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.uint16): "BF16"}  # uint16: bf16 bits (`np_dtype`)
 
 
 class ArrayState:
@@ -85,10 +85,10 @@ def load_array_state(data: bytes, spec: dict[str, tuple[tuple[int, ...], str]], 
     arrays: dict[str, np.ndarray] = {}
     for name, (code, shape, raw) in blob.tensors.items():
         wshape, wdtype = want[name]
-        if tuple(shape) != tuple(wshape) or code != _CODES[np.dtype(wdtype)]:
+        if tuple(shape) != tuple(wshape) or code != _CODES[np_dtype(wdtype)]:
             raise StateModelMismatchError(f"state tensor {name} is {code} {tuple(shape)}, not this model's {tuple(wshape)}; "
                                           "load the original model, or replay the transcript into a fresh state for this one")
-        arrays[name] = np.frombuffer(raw, dtype=wdtype).reshape(shape).copy()  # stepped in place: never the blob's bytes
+        arrays[name] = np.frombuffer(raw, dtype=np_dtype(wdtype)).reshape(shape).copy()  # stepped in place: never the blob's bytes
     if blob.unrotated_keys:  # an older blob's ring keys at their tokens' angles: rotate them to their slots'
         arrays["win_k"] = rotate_ring_keys(arrays["win_k"], config.rope_theta)
     pos = int(arrays.pop(POSITIONS)[0, 0])

@@ -309,8 +309,8 @@ def run_ppl(lm: LoadedModel, vs: Sequence[Variant], docs: Sequence[tuple[str, li
         losses[v.name] = [token_losses(model, ids, segment) for _, ids in docs]
         rows[v.name] = {k: perplexity(losses[v.name], lo, hi) for k, (lo, hi) in cuts.items()}
         log(f"ppl {v.name}: " + ", ".join(f"{k} {x:.3f}" for k, x in rows[v.name].items()) + f" ({time.perf_counter() - t0:.0f} s)")
-    full = losses[FULL.name]
-    for v in vs:  # below S + W every variant reads every key: the same losses as full attention
+    full = losses.get(FULL.name, [])  # --skip full: nothing to check the variants against
+    for v in vs if full else ():  # below S + W every variant reads every key: the same losses as full attention
         diff = max(abs(a - b) for x, y in zip(losses[v.name], full) for a, b in zip(x[:edge], y[:edge]))
         rows[v.name]["within_max_abs_diff"] = diff
         if diff > WITHIN_TOL:
