@@ -173,9 +173,7 @@ class LaplaceConfig:
             parts = ["window", f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}", f"KV{c.kv_heads}", f"W{c.window}", f"S{c.sinks}"]
             branch = f"gla-{c.feature_map}{c.feature_size}-{c.combine}" if c.gla_branch else "nogla"
             if c.memory_slots:  # bf16 slots (a state of the fp32 ones, which named no memory here, is refused by name)
-                from agent.runtime.state_spec import memory_layers
-
-                layers = "all" if not c.memory_layers else "+".join(map(str, memory_layers(c)))
+                layers = "+".join(map(str, c.memory_layers)) or "all"
                 branch += f"/mem{c.memory_slots}-{c.memory_policy}-bf16-layers{layers}"
             return "/".join(parts + [branch])
         parts = [c.mixer, f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}x{c.head_v_dim}", f"G{c.qk_heads}", f"conv{c.conv_dim}x{c.conv_size}"]

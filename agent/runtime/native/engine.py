@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.files import file_identity
-from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, memory_layers, stacked_window_spec
+from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, layer_rows, stacked_window_spec
 
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
@@ -235,7 +235,7 @@ class Engine:
         # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
         self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta) if c.memory_slots else None
         self.mem_static = () if self.mem_table is None else (c.memory_slots, self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
-        self.mem_row = {layer: r for r, layer in enumerate(memory_layers(c))}  # layer -> its row of the memory's tensors
+        self.mem_row = [rows.get("mem_k") for rows in layer_rows(c, MEMORY_NAMES)]  # each layer's row of the memory, or None
         # With the VNNI form of the int8 matmul, a prefill's rows take it too (else numpy's GEMM).
         self.c_rows = 1 << 30 if lib.laplace_matmul_i8_vnni() else FEW_ROWS
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
@@ -368,7 +368,7 @@ class Engine:
         kp, vp, gp, ring, branch, mem = ptrs
         args = (qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
                 None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1], self.threads)
-        r = None if mem is None else self.mem_row.get(i)
+        r = None if mem is None else self.mem_row[i]
         if r is None:
             rc = self.lib.laplace_window(*args)
         else:
