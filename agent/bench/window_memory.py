@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent.bench.llamacpp import settle
+from agent.bench.window_memory_child import with_memory
 from agent.bench.llamacpp_measure import MeasureError, child_env, run_child
 from agent.bench.llamacpp_report import MAX_LOAD, MAX_OTHERS, load_line, load_verdict
 from agent.runtime.config import MEMORY_POLICIES  # torch-free
@@ -143,7 +144,7 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
     configs = {}
     for v in vs:
         try:
-            configs[v] = dataclasses.replace(config, memory_slots=v.slots, **({"memory_policy": v.policy} if v.policy else {}))
+            configs[v] = with_memory(config, v.slots, v.policy)
         except ValueError as exc:
             raise ValueError(f"variant {v.name}: {exc}") from None
     full = config.sinks + config.window + max(slots)  # tokens read when the largest memory is full

@@ -52,7 +52,14 @@ def variant_config(root: Path, slots: int, policy: str | None) -> Any:
     from agent.runtime.modeldir import read_config
 
     config, _ = read_config(root)
-    return dataclasses.replace(config, memory_slots=slots, **({"memory_policy": policy} if policy else {}))
+    return with_memory(config, slots, policy)
+
+
+def with_memory(config: Any, slots: int, policy: str | None) -> Any:
+    """`config` with memory_slots M and (when given) the policy; M = 0 is the window alone
+    (a second group of `memory_rest_slots` goes too). ValueError for a config that cannot be."""
+    rest = {} if slots else {"memory_rest_slots": 0}
+    return dataclasses.replace(config, memory_slots=slots, **rest, **({"memory_policy": policy} if policy else {}))
 
 
 def load_variant(model_dir: str, slots: int, policy: str | None) -> tuple[Any, Any, str]:
@@ -111,7 +118,8 @@ def measure_torch(model_dir: str, *, slots: int, policy: str | None, context: in
     import torch
 
     from agent.runtime.generation import EagerRunner
-    from agent.runtime.memory import EMPTY, MEMORY_NAMES
+    from agent.runtime.memory import EMPTY
+    from agent.runtime.state_spec import MEMORY_GROUPS
 
     torch.set_num_threads(threads)
     model, tokenizer, dtype = load_variant(model_dir, slots, policy)
@@ -121,18 +129,19 @@ def measure_torch(model_dir: str, *, slots: int, policy: str | None, context: in
     with torch.inference_mode():
         base, prefill_s, decode_s = time_rounds(runner.prefill, runner.prefill, runner.step_, lambda x: x.argmax(-1), ids,
                                                 context=context, decode=decode, rounds=rounds)
-    filled = float((base.tensors["mem_pos"] != EMPTY).float().mean()) if slots else None
+    filled = float((base.tensors["mem_pos"] != EMPTY).float().mean()) if slots else None  # the main group's
     if base.nbytes != config.state_bytes():
         raise SystemExit(f"the state holds {base.nbytes} bytes, the config counts {config.state_bytes()}")
     return result(config, "torch", dtype, torch.get_num_threads(), context, prefill, decode, prefill_s, decode_s,
-                  spec_bytes(config, MEMORY_NAMES), filled)
+                  spec_bytes(config, sum(MEMORY_GROUPS, ())), filled)
 
 
 def measure_engine(model_dir: str, *, slots: int, policy: str | None, context: int, prefill: int, decode: int,
                    rounds: int, threads: int) -> dict[str, Any]:
     """The same protocol on the torch-free engine: numpy logits, the state's arrays."""
     from agent.runtime.modeldir import card_run_dtype
-    from agent.runtime.native.engine import MEMORY_NAMES, Engine, EngineUnavailable
+    from agent.runtime.native.engine import Engine, EngineUnavailable
+    from agent.runtime.state_spec import MEMORY_GROUPS
     from agent.runtime.tokenizer import Tokenizer
 
     root = Path(model_dir)
@@ -155,7 +164,7 @@ def measure_engine(model_dir: str, *, slots: int, policy: str | None, context: i
     if held != config.state_bytes():
         raise SystemExit(f"the engine's state holds {held} bytes, the config counts {config.state_bytes()}")
     return {**result(config, "engine", weights, threads, context, prefill, decode, prefill_s, decode_s,
-                     spec_bytes(config, MEMORY_NAMES), filled), "torch_imported": "torch" in sys.modules}
+                     spec_bytes(config, sum(MEMORY_GROUPS, ())), filled), "torch_imported": "torch" in sys.modules}
 
 
 def result(config: Any, runtime: str, weights: str, threads: int, context: int, prefill: int, decode: int,

@@ -73,11 +73,12 @@ def info(
         branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
         slots = c.get("memory_slots", 0)
         layers = c.get("memory_layers") or []
-        where = f" in {len(layers)} of {c['n_layers']} layers" if layers else ""
+        rest = c.get("memory_rest_slots", 0)
+        where = (f" in {len(layers)} of {c['n_layers']} layers" if layers else "") + (f" and {rest} in the other {c['n_layers'] - len(layers)}" if rest and layers else "")
         memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')})" if slots else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
                  f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
-        held = sum(parts.get(n, 0) for n in ("mem_k", "mem_v", "mem_score", "mem_pos"))
+        held = sum(v for n, v in parts.items() if n.startswith(("mem_", "rest_")))
         split = (f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,}"
                  + (f" + memory {held:,}" if held else "") + f" + positions {parts['pos']:,}; ")
     else:

@@ -226,13 +226,13 @@ def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> di
     the shipped files applied: file, format, tensors, sha256)."""
     trained = {a["file"] for a in applied}
     memory = next((a["values"] for a in applied if a["file"] == SETTINGS_FILE), {})
-    slots, layers = memory.get("memory_slots", 0), memory.get("memory_layers", ())
+    slots, layers, rest = memory.get("memory_slots", 0), memory.get("memory_layers", ()), memory.get("memory_rest_slots", 0)
     return {
         "changes": [
             f"every attention layer reads {sinks} sink tokens and the last {window} tokens (was: all tokens)",
             "a GLA branch per layer carries the tokens older than the window in a fixed state "
             + ("(trained by attention transfer)" if BRANCH_FILE in trained else "(untrained: initial parameters)"),
-        ] + ([f"a memory of evicted tokens beside the window: {describe_memory(slots, memory.get('memory_policy', ''), layers)} "
+        ] + ([f"a memory of evicted tokens beside the window: {describe_memory(slots, memory.get('memory_policy', ''), layers, rest=rest)} "
               f"per {'kv head' if layers else 'layer and kv head'}, read by the window's softmax"] if slots else [])
         + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
         "shipped": applied,

@@ -25,7 +25,7 @@ SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
 # the values it replaced, under "was").
 SETTINGS_FILE = "settings.json"
 SETTINGS_FORMAT = "settings"
-SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers")
+SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers", "memory_rest_slots")
 
 
 class DefaultModelError(Exception):
@@ -93,14 +93,15 @@ def read_settings(path: Path) -> dict[str, Any]:
     return values
 
 
-def describe_memory(slots: int, policy: str, layers: Sequence[int] = (), n_layers: int = 0) -> str:
+def describe_memory(slots: int, policy: str, layers: Sequence[int] = (), n_layers: int = 0, rest: int = 0) -> str:
     """A config's memory of evicted tokens in words: "224 slots (novelty)", "768 slots
-    (novelty) in 13 of 30 layers (11, 14, ...)", or "none"."""
+    (novelty) in 13 of 30 layers (11, 14, ...)", "... and 216 in the other 17", or "none"."""
     if not slots:
         return "none"
     of = f" of {n_layers}" if n_layers else ""
     where = f" in {len(layers)}{of} layers ({', '.join(map(str, layers))})" if layers else ""
-    return f"{slots} slots ({policy}){where}"
+    others = f" the other {n_layers - len(layers)}" if n_layers else " each other layer"
+    return f"{slots} slots ({policy}){where}" + (f" and {rest} in{others}" if rest and layers else "")
 
 
 def parse_layers(text: str) -> tuple[int, ...]:

@@ -86,6 +86,7 @@ class LaplaceConfig:
     memory_slots: int = 0  # M: evicted tokens kept per layer and kv head, read with the window (0: none)
     memory_policy: str = "recall"  # which evicted tokens it keeps: "recall" (LoLA), "attention" (TOVA) or "novelty"
     memory_layers: tuple[int, ...] = ()  # the layers that keep the memory, ascending (empty: every layer)
+    memory_rest_slots: int = 0  # evicted tokens kept per kv head in the layers memory_layers leaves out (0: none)
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -139,6 +140,9 @@ class LaplaceConfig:
         if list(self.memory_layers) != sorted(set(self.memory_layers)) or any(not 0 <= i < self.n_layers for i in self.memory_layers):
             raise ValueError(f"memory_layers must be distinct layer indices 0..{self.n_layers - 1} in ascending order, "
                              f"got {list(self.memory_layers)}")
+        if self.memory_rest_slots < 0 or (self.memory_rest_slots and not (self.memory_slots and self.memory_layers)):
+            raise ValueError("memory_rest_slots keeps a memory in the layers memory_layers leaves out: it needs memory_slots "
+                             "and memory_layers, and is >= 0")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
             raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:
@@ -175,6 +179,8 @@ class LaplaceConfig:
             if c.memory_slots:  # bf16 slots (a state of the fp32 ones, which named no memory here, is refused by name)
                 layers = "+".join(map(str, c.memory_layers)) or "all"
                 branch += f"/mem{c.memory_slots}-{c.memory_policy}-bf16-layers{layers}"
+                if c.memory_rest_slots:  # a second group: the other layers' own slot count
+                    branch += f"-rest{c.memory_rest_slots}"
             return "/".join(parts + [branch])
         parts = [c.mixer, f"L{c.n_layers}", f"H{c.n_heads}x{c.head_k_dim}x{c.head_v_dim}", f"G{c.qk_heads}", f"conv{c.conv_dim}x{c.conv_size}"]
         if c.mixer == "ssd":
@@ -253,7 +259,7 @@ class LaplaceConfig:
         window: the ring win_k / win_v [L, B, G, S + W, D] (keys rotated to their slot's
         angle; slots < S are the sinks), the branch's gla [L, B, H, F, D + 1] (the extra
         column sums the normaliser) if it is on, the memory's [L_mem, B, G, M, ...] over the
-        layers that keep one (`state_spec.memory_layers`), and pos."""
+        layers that keep one (mem_k & co., and rest_k & co. for `memory_rest_slots`; `state_spec`), and pos."""
         if self.mixer == "window":  # declared torch-free (state_spec.py): the engine's process reads it too
             from agent.runtime.state_spec import WINDOW_USES_POSITIONS, stacked_window_spec
 
@@ -318,7 +324,7 @@ _SWITCHES = frozenset(
     ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
      "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps",
      "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine",
-     "memory_slots", "memory_policy", "memory_layers")
+     "memory_slots", "memory_policy", "memory_layers", "memory_rest_slots")
 )
 
 

@@ -5,8 +5,8 @@ three sets of tokens of the stream it has read (n tokens, positions 0 .. n - 1):
 
 - the sinks: positions [0, min(S, n));
 - the window: the last W tokens, positions [max(S, n - W), n);
-- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L_mem, B, G, M] (over the layers that keep one) holds
-  1 + the position each slot holds (0: empty; `memory.py`); slots differ across layers and heads, and a
+- the memory (when the config has `memory_slots`): the `mem_pos` tensor [L_mem, B, G, M] (over the layers that keep one;
+  `rest_pos` over those of the second group, `state_spec`) holds 1 + the position each slot holds (0: empty; `memory.py`); slots differ across layers and heads, and a
   position held by any of them counts.
 
 Everything else the state has read survives only in the GLA branch's lossy summary: for the
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
-MEMORY = "mem_pos"  # the state tensor of memory slots' positions + 1 [L_mem, B, G, M], 0 where empty
+MEMORY = ("mem_pos", "rest_pos")  # the state tensors of memory slots' positions + 1 [L_mem, B, G, M], 0 where empty
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,11 @@ def held_positions(state: RecurrentState | ArrayState, config: LaplaceConfig) ->
     n = int(pos[0]) if pos is not None else state.n_tokens
     S, W = config.sinks, config.window
     memory: tuple[int, ...] = ()
-    slots = state.tensors.get(MEMORY)  # a torch tensor, or numpy for the engine's state (native.runner.ArrayState)
-    if slots is not None:
-        row = np.asarray(slots.cpu() if hasattr(slots, "cpu") else slots)[:, 0] - 1  # [L, G, M]: batch is dim 1
-        memory = tuple(int(p) for p in np.unique(row[(row >= 0) & (row < n)]))  # np.unique sorts
+    # torch tensors, or numpy for the engine's state (native.runner.ArrayState)
+    groups = [np.asarray(t.cpu() if hasattr(t, "cpu") else t)[:, 0] - 1 for name in MEMORY if (t := state.tensors.get(name)) is not None]
+    if groups:  # each [L, G, M] (batch is dim 1)
+        rows = np.concatenate([g.reshape(-1) for g in groups])
+        memory = tuple(int(p) for p in np.unique(rows[(rows >= 0) & (rows < n)]))  # np.unique sorts
     return Held(n=n, sinks=range(0, min(S, n)), window=range(max(S, n - W), n), memory=memory)
 
 

@@ -124,13 +124,13 @@ class LaplaceModel(nn.Module):
         # they are copied in: stacking them at the end held every layer's copy beside the
         # stack and the input state (3 states at the peak, 2 now: 21 MB on the default model).
         # (Allocated like the input state: the same dtypes and shapes.)
-        # A layer owns row rows[name] of each stacked tensor (`state_spec.layer_rows`: the
-        # memory's only in the layers that keep one).
+        # A layer reads its name as row r of stacked tensor src (`state_spec.layer_rows`: a
+        # memory group's only in its layers).
         new = {name: torch.empty_like(t) for name, t in layers.items()}
         for block, rows in zip(self.blocks, layer_rows(self.config, layers)):
-            x, layer = block(x, {name: layers[name][r] for name, r in rows.items()}, lengths, pos)
-            for name, r in rows.items():
-                new[name][r].copy_(layer[name])
+            x, layer = block(x, {name: layers[src][r] for name, (src, r) in rows.items()}, lengths, pos)
+            for name, (src, r) in rows.items():
+                new[src][r].copy_(layer[name])
             del layer
         if last_only:
             if lengths is None:

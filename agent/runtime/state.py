@@ -113,7 +113,7 @@ class RecurrentState:
         cached = self.__dict__.get("_views")
         if cached is None or cached[0] != key:
             layers = self.layer_tensors
-            cached = (key, [{name: layers[name][r] for name, r in rows.items()} for rows in layer_rows(config, layers)])
+            cached = (key, [{name: layers[src][r] for name, (src, r) in rows.items()} for rows in layer_rows(config, layers)])
             self.__dict__["_views"] = cached
         return cached[1]
 

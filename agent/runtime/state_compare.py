@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from agent.runtime.state import RecurrentState
+from agent.runtime.state_spec import MEMORY_GROUPS
 
 # The largest relative row difference a replay may show. Measured (verify_tolerance.py,
 # turns of 112 prefilled + 16 stepped tokens; worst row of any part):
@@ -82,25 +83,26 @@ def row_differences(a: Tensor, b: Tensor, floor: float = ROW_FLOOR) -> Tensor:
 # the other, and the slots are in position order. So the memory is compared token by token
 # (slots matched by position), and up to this share of a state's held tokens may differ.
 MEMORY_SWAP_SHARE = 0.05
-MEMORY_PARTS = ("mem_k", "mem_v", "mem_score", "mem_pos")
 
 
-def _memory_matched(stored: RecurrentState, replayed: RecurrentState) -> tuple[dict[str, tuple[Tensor, Tensor]], PartDifference]:
-    """The memory parts with the replay's slots moved to the stored state's order (slots
-    whose token the replay does not hold are zeroed in both), and the share that differ."""
-    a_pos, b_pos = stored.tensors["mem_pos"].cpu(), replayed.tensors["mem_pos"].cpu()
+def _memory_matched(stored: RecurrentState, replayed: RecurrentState, parts: tuple[str, ...]
+                    ) -> tuple[dict[str, tuple[Tensor, Tensor]], PartDifference]:
+    """A memory group's parts (k, v, score, pos: `state_spec.MEMORY_GROUPS`) with the replay's
+    slots moved to the stored state's order (slots whose token the replay does not hold are
+    zeroed in both), and the share that differ."""
+    a_pos, b_pos = stored.tensors[parts[3]].cpu(), replayed.tensors[parts[3]].cpu()
     same = (a_pos[..., :, None] == b_pos[..., None, :]) & (a_pos != 0)[..., None]  # [L, B, G, M, M]
     matched = same.any(-1)
     at = same.float().argmax(-1)  # the replay's slot of each stored slot's token
     held = int((a_pos != 0).sum()) + int((b_pos != 0).sum())
     swapped = 0.0 if not held else 1.0 - 2 * int(matched.sum()) / held
     out = {}
-    for name in MEMORY_PARTS[:3]:
+    for name in parts[:3]:
         a, b = stored.tensors[name].cpu(), replayed.tensors[name].cpu()
         idx = at if a.dim() == at.dim() else at[..., None].expand(a.shape)
         keep = matched if a.dim() == at.dim() else matched[..., None]
         out[name] = (a * keep, b.gather(a.dim() - 1 if a.dim() == at.dim() else -2, idx) * keep)
-    part = PartDifference("mem_pos", 0.0 if swapped <= MEMORY_SWAP_SHARE else float("inf"), (), swapped)
+    part = PartDifference(parts[3], 0.0 if swapped <= MEMORY_SWAP_SHARE else float("inf"), (), swapped)
     return out, part
 
 
@@ -115,11 +117,13 @@ def compare(stored: RecurrentState, replayed: RecurrentState) -> list[PartDiffer
             raise ValueError(f"state part {name} has shape {tuple(stored.tensors[name].shape)}, the replay {tuple(replayed.tensors[name].shape)}")
     memory: dict[str, tuple[Tensor, Tensor]] = {}
     out = []
-    if "mem_pos" in stored.names:
-        memory, part = _memory_matched(stored, replayed)
-        out.append(part)
+    for group in MEMORY_GROUPS:
+        if group[3] in stored.names:
+            matched, part = _memory_matched(stored, replayed, group)
+            memory |= matched
+            out.append(part)
     for name in stored.names:
-        if name == "mem_pos":
+        if name in (group[3] for group in MEMORY_GROUPS):
             continue
         a, b = memory.get(name) or (stored.tensors[name], replayed.tensors[name])
         if a.numel() == 0:

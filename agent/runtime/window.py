@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.layers import GLU, StateSpec, init_ffn, project, rope, run_gla
 from agent.runtime.memory import MEMORY_NAMES, TWIN, admit, novelty, recall_error, twin_ok
-from agent.runtime.state_spec import WINDOW_USES_POSITIONS, memory_layers, window_state_spec
+from agent.runtime.state_spec import WINDOW_USES_POSITIONS, memory_slots_of, window_state_spec
 from agent.runtime.window_decode import GATED_EPS, ring_slot, window_step_
 
 LOG_BETA_INIT = -4.0  # softmax combine: beta = exp(-4) ~ 0.018 at init, the branch barely on
@@ -480,9 +480,9 @@ class WindowAttention(nn.Module):
         call it with the window's part computed once."""
         return self.combine_branch(self.branch_inputs(x, q, ev_k, ev_v, ev_ok, lengths), num, den, gla_state)
 
-    def reference(self, x: Tensor, memory: bool = True) -> Tensor:
+    def reference(self, x: Tensor, memory_slots: int | None = None) -> Tensor:
         """The layer over a whole sequence from position 0 through `hybrid_attention_naive`
-        (`memory`: whether this layer keeps the config's memory, `state_spec.memory_layers`)."""
+        (`memory_slots`: this layer's, `state_spec.memory_slots_of`; None: the config's)."""
         c = self.config
         q, k, v = self._qkv(x)
         br = self.gla_branch
@@ -491,8 +491,9 @@ class WindowAttention(nn.Module):
             R = c.n_heads // c.kv_heads
             kw.update(phi_q=feature_map(q, br.q_map, c.feature_map), phi_k=feature_map(k.repeat_interleave(R, 2), br.k_map, c.feature_map),
                       g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
-        if c.memory_slots and memory:
-            kw.update(memory_slots=c.memory_slots, memory_policy=c.memory_policy)
+        slots = c.memory_slots if memory_slots is None else memory_slots
+        if slots:
+            kw.update(memory_slots=slots, memory_policy=c.memory_policy)
             if br is not None:
                 kw.setdefault("phi_k", feature_map(k.repeat_interleave(c.n_heads // c.kv_heads, 2), br.k_map, c.feature_map))
                 kw.setdefault("g", br.log_decay(x))
@@ -514,9 +515,8 @@ def naive_forward(model: nn.Module, ids: Tensor) -> Tensor:
     """Logits [B, T, vocab] of a window-mixer model through the slow reference, from
     position 0 with no state: the fast path's tests compare against this."""
     x = model.embed(ids)
-    keep = memory_layers(model.config)
     for i, block in enumerate(model.blocks):
-        x = x + block.attn.reference(block.attn_norm(x), i in keep)
+        x = x + block.attn.reference(block.attn_norm(x), memory_slots_of(model.config, i))
         if block.ffn is not None:
             x = x + block.ffn(block.ffn_norm(x))
     h = model.norm(x)

@@ -34,6 +34,7 @@ from torch import Tensor
 from agent.runtime import native
 from agent.runtime.layers import f32, project, rope_cos_sin
 from agent.runtime.memory import EMPTY, MEMORY_NAMES, NOVELTY_SPAN, TWIN, admit, novelty, recall_error
+from agent.runtime.state_spec import MEMORY_GROUPS
 
 
 GATED_EPS = 1e-6  # the gated branch's normaliser guard (z is 0 before any key was evicted)
@@ -233,7 +234,7 @@ def native_memory_ok(config: Any) -> bool:
     return not config.memory_slots or config.memory_policy == "novelty"
 
 
-KERNEL_DTYPES = {"mem_pos": torch.int64, "mem_k": torch.bfloat16, "mem_v": torch.bfloat16}  # the rest fp32
+KERNEL_DTYPES = {n: dtype for group in MEMORY_GROUPS for n, dtype in zip(group, (torch.bfloat16, torch.bfloat16, torch.float32, torch.int64))}
 
 
 def native_state_ok(state: dict[str, Tensor]) -> bool:
@@ -301,7 +302,7 @@ def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: Ste
     args += [y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())]
     if "mem_k" in state:
         assert native_memory_ok(c), c.memory_policy
-        rc = lib.laplace_window_memory(*args, *(state[n].data_ptr() for n in MEMORY_NAMES), c.memory_slots,
+        rc = lib.laplace_window_memory(*args, *(state[n].data_ptr() for n in MEMORY_NAMES), state["mem_k"].shape[-2],
                                        tabs.mem_tab.data_ptr(), NOVELTY_SPAN, 1.0 - TWIN)
     else:
         rc = lib.laplace_window(*args)

@@ -47,9 +47,9 @@ def test_turns_that_left_the_window_are_held_only_by_the_transcript(make_service
     back = turns[ids.index(min(gone))]
     memory = torch.zeros((WINDOW.n_layers, 1, WINDOW.kv_heads, 3), dtype=torch.long)  # 0: empty
     memory[1, 0, 1, 2] = back.token_start + 1 + 1  # mem_pos holds 1 + the position
-    svc._state.tensors[MEMORY] = memory
+    svc._state.tensors[MEMORY[0]] = memory
     assert svc.transcript_only(ids) == gone - {back.id}
-    del svc._state.tensors[MEMORY]
+    del svc._state.tensors[MEMORY[0]]
 
     # Resumed in another service from the stored state: the same answer.
     uid = svc.session.uid

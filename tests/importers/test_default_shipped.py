@@ -255,3 +255,6 @@ def test_memory_layers_parse_and_read_in_words() -> None:
             parse_layers(bad)
     assert describe_memory(768, "novelty", (1, 2), 30) == "768 slots (novelty) in 2 of 30 layers (1, 2)"
     assert describe_memory(448, "novelty") == "448 slots (novelty)" and describe_memory(0, "novelty") == "none"
+    assert describe_memory(768, "novelty", (1, 2), 30, rest=216) == "768 slots (novelty) in 2 of 30 layers (1, 2) and 216 in the other 28"
+    assert describe_memory(768, "novelty", (1, 2), rest=216) == "768 slots (novelty) in 2 layers (1, 2) and 216 in each other layer"
+    assert describe_memory(448, "novelty", rest=216) == "448 slots (novelty)"  # a rest group needs chosen layers

@@ -45,9 +45,9 @@ def test_rank_sees_far_attention_only_past_the_window(lm, corpus):
 
 def test_ppl_of_a_memory_in_chosen_layers_is_measured_against_the_window_and_full_attention(lm, corpus):
     docs = [(d, ids[:60]) for d, ids in memory_layers.train_docs(corpus, lm.tokenizer.encode, 60)]
-    rows = memory_layers.ppl(lm, docs, ["window=none:0", "full=full", "every=all:64", "one=1:64"], QUIET)
+    rows = memory_layers.ppl(lm, docs, ["window=none:0", "full=full", "every=all:64", "one=1:64", "two=1:64+8"], QUIET)
     w, f, e = (rows[n]["past_2048"] for n in ("window", "full", "every"))
     assert rows["every"]["past_2048_gap_closed"] == pytest.approx((w - e) / (w - f))
     assert rows["window"]["past_2048_gap_closed"] == 0 and rows["full"]["past_2048_gap_closed"] == 1
-    assert len({rows[n]["past_2048"] for n in ("window", "full", "every", "one")}) == 4  # each placement reads differently
+    assert len({rows[n]["past_2048"] for n in ("window", "full", "every", "one", "two")}) == 5  # each placement reads differently
     assert memory_layers.parse_layers("all", 3) == (0, 1, 2) and memory_layers.parse_layers("0,2", 3) == (0, 2)

@@ -78,6 +78,11 @@ def test_variants_and_their_configs(lm):
     if HAS_MEMORY:
         c = variant_config(lm.config, mem, 100)
         assert (c.memory_slots, c.memory_policy, c.window) == (4, "attention", lm.config.window)
+        # a model whose memory has two sizes: M is the variant's, the rest group kept; none in full or window
+        two = lm.config.replace(memory_slots=8, memory_policy="novelty", memory_layers=(1,), memory_rest_slots=2)
+        assert variant_config(two, Variant("novelty-4", 4, "novelty"), 100).memory_rest_slots == 2
+        for v in (FULL, WINDOW):
+            assert (variant_config(two, v, 100).memory_slots, variant_config(two, v, 100).memory_rest_slots) == (0, 0)
     else:
         with pytest.raises(MeasureError, match="memory_slots"):
             variant_config(lm.config, mem, 100)

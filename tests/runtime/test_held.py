@@ -18,9 +18,9 @@ def window_config() -> LaplaceConfig:
                          head_v_dim=8, ffn_dim=48, chunk_size=8, mixer="window", window=W, sinks=S)
 
 
-def state_after(n: int, memory: list[list[list[int]]] | None = None, batch: int = 1) -> RecurrentState:
+def state_after(n: int, memory: list[list[list[int]]] | None = None, batch: int = 1, name: str = MEMORY[0]) -> RecurrentState:
     """A window state that has read `n` tokens (row 0; other rows have read 1000), with
-    `memory` [L][G][M] as its slots' positions when given (-1: an empty slot)."""
+    `memory` [L][G][M] as its slots' positions in tensor `name` when given (-1: an empty slot)."""
     config = window_config()
     state = RecurrentState.zeros(config, batch)
     state.tensors["pos"] = torch.tensor([[n] + [1000] * (batch - 1)])
@@ -28,7 +28,7 @@ def state_after(n: int, memory: list[list[list[int]]] | None = None, batch: int 
     if memory is not None:
         rows = torch.tensor(memory)[:, None] + 1  # [L, 1, G, M], stored as mem_pos holds them: 1 + position, 0 empty
         other = torch.full_like(rows, 3)  # another row's memory must not leak into row 0's
-        state.tensors[MEMORY] = torch.cat([rows, *[other] * (batch - 1)], 1)
+        state.tensors[name] = torch.cat([rows, *[other] * (batch - 1)], 1)
     return state
 
 
@@ -56,6 +56,15 @@ def test_memory_positions_are_sorted_distinct_and_skip_empty_slots() -> None:
     held = held_positions(state_after(20, memory, batch=2), window_config())
     assert held.memory == (5, 7, 9, 11)
     assert [p for p in range(20) if held.holds(p)] == [0, 1, 5, 7, 9, 11, 16, 17, 18, 19]
+
+
+def test_a_second_memory_group_counts_too() -> None:
+    """rest_pos (`memory_rest_slots`' layers, slots of their own count) beside mem_pos: a
+    position either holds is held."""
+    state = state_after(20, [[[9, -1, 5], [5, 11, -1]]])
+    state.tensors[MEMORY[1]] = torch.tensor([[[[7, 0], [0, 13]]]]) + torch.tensor([[[[1, -1], [-1, 1]]]])  # 0: empty
+    held = held_positions(state, window_config())
+    assert held.memory == (5, 7, 9, 11, 13)
 
 
 def test_the_engines_state_is_read_as_torchs_is(tmp_path) -> None:

@@ -34,6 +34,11 @@ GRID += NOVELTY
 SOME_LAYERS = [
     pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,)), id="novelty-layer-1"),
     pytest.param(dict(memory_slots=3, memory_policy="recall", combine="softmax", memory_layers=(0,)), id="recall-layer-0"),
+    # and a second group in the layers it leaves out, with its own slot count (`memory_rest_slots`)
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2),
+                 id="novelty-layer-1-rest-2"),
+    pytest.param(dict(memory_slots=3, memory_policy="recall", combine="softmax", memory_layers=(0,), memory_rest_slots=5),
+                 id="recall-layer-0-rest-5"),
 ]
 GRID += SOME_LAYERS
 
@@ -310,6 +315,33 @@ def test_a_memory_in_some_layers_stacks_over_those_layers_only():
     per_layer = every.config.state_bytes() - window_model(**{**kw, "memory_slots": 0}).config.state_bytes()
     assert every.config.state_bytes() - c.state_bytes() == per_layer // 2
     assert "layers1" in c.architecture() and c.architecture() != every.config.architecture()
+
+
+def test_a_rest_group_keeps_its_own_slot_count_in_the_other_layers():
+    """memory_layers=(1,), memory_rest_slots=2: layer 1 reads 4 slots of mem_k & co., layer 0
+    2 slots of rest_k & co. under the same names; both fill, and the state is their bytes."""
+    kw = dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,))
+    model, alone = window_model(**kw, memory_rest_slots=2), window_model(**kw)
+    c = model.config
+    ids = torch.randint(0, 64, (1, 45), generator=torch.Generator().manual_seed(22))
+    with torch.no_grad():
+        _, state = model(ids)
+    assert state.tensors["mem_k"].shape == (1, 1, c.kv_heads, 4, c.head_k_dim)
+    assert state.tensors["rest_k"].shape == (1, 1, c.kv_heads, 2, c.head_k_dim) and state.tensors["rest_k"].dtype == torch.bfloat16
+    assert (state.tensors["rest_pos"] != EMPTY).all() and (state.tensors["mem_pos"] != EMPTY).all()
+    views = state.layer_views(c)
+    assert views[0]["mem_k"].data_ptr() == state.tensors["rest_k"].data_ptr()
+    assert views[1]["mem_k"].data_ptr() == state.tensors["mem_k"].data_ptr()
+    per_slot = (alone.config.state_bytes() - window_model(**{**kw, "memory_slots": 3}).config.state_bytes())
+    assert c.state_bytes() - alone.config.state_bytes() == 2 * per_slot  # 2 slots in one layer, as 1 of 4 in one
+    assert c.architecture().endswith("-rest2") and c.architecture() != alone.config.architecture()
+
+
+@pytest.mark.parametrize("kw", [dict(memory_rest_slots=2), dict(memory_rest_slots=2, memory_slots=0, memory_layers=(1,)),
+                                dict(memory_rest_slots=-1, memory_layers=(1,))])
+def test_rest_slots_need_a_memory_in_chosen_layers(kw):
+    with pytest.raises(ValueError, match="memory_rest_slots"):
+        window_model(**{**dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW), **kw})
 
 
 @pytest.mark.parametrize("layers", [(2,), (1, 0), (0, 0), (-1,)])

@@ -20,7 +20,7 @@ from agent.runtime.memory import EMPTY, NOVELTY_SPAN
 from agent.runtime.native import decode as native_decode
 from agent.runtime.quant import quantize_int8_
 from agent.runtime.state import RecurrentState
-from agent.runtime.state_spec import memory_layers
+from agent.runtime.state_spec import memory_slots_of
 from agent.runtime.tokenizer import ChatTemplate, byte_level_tokenizer
 from tests.runtime.test_window import GRID, window_model
 
@@ -214,6 +214,8 @@ MEMORY = [
                  id="window-only"),
     pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NOVELTY_SPAN + 4, vocab_size=264,
                       memory_layers=(1,)), id="layer-1-only"),
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NOVELTY_SPAN + 4, vocab_size=264,
+                      memory_layers=(1,), memory_rest_slots=2), id="layer-1-rest-2"),
 ]
 
 
@@ -258,7 +260,8 @@ def test_rows_with_a_memory_step_through_the_c_kernel_one_by_one(kw, kernels, mo
             kernels(True)
             torch.testing.assert_close(model.step_(tok, on), want, rtol=1e-5, atol=1e-5)
     # per row, at its position, in the layers with a memory (one without takes the batched torch step)
-    assert len(calls) == 3 * c.window * 2 * len(memory_layers(c)) and calls[:2] == [c.window + 5, 0]
+    with_memory = sum(1 for i in range(c.n_layers) if memory_slots_of(c, i))
+    assert len(calls) == 3 * c.window * 2 * with_memory and calls[:2] == [c.window + 5, 0]
     assert torch.equal(on.tensors["mem_pos"], off.tensors["mem_pos"]) and on.allclose(off, rtol=1e-5, atol=1e-5)
 
 

@@ -35,6 +35,8 @@ GRID = [
     pytest.param(dict(memory_slots=3, combine="softmax", sinks=0), id="short-window-ties"),
     # a memory in layer 1 only: layer 0 runs laplace_window, layer 1 its row of the memory
     pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,)), id="layer-1-only"),
+    # and layer 0 a memory of its own size (`memory_rest_slots`): the kernel takes each layer's M
+    pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2), id="layer-1-rest-2"),
 ]
 WEIGHTS = pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 

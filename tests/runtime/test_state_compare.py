@@ -142,3 +142,22 @@ def test_memory_is_compared_token_by_token_and_tolerates_a_few_near_tie_swaps():
     moved = state.clone()
     moved.tensors["mem_k"][1, 0, 1, 2] *= -1  # the same tokens, a key changed
     assert not same_state(state, moved)
+
+
+def test_a_second_memory_group_is_compared_as_its_own():
+    """A memory of two sizes (`memory_rest_slots`): rest_pos is matched token by token as
+    mem_pos is, and a rest key changed fails."""
+    from tests.runtime.test_window import window_model
+
+    model = window_model(memory_slots=12, memory_policy="attention", n_layers=2, memory_layers=(1,), memory_rest_slots=6)
+    ids = torch.randint(0, 64, (1, 60), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, state = model(ids)
+    parts = {p.name: p for p in compare(state, state.clone())}
+    assert {"mem_pos", "rest_pos", "rest_k"} <= set(parts) and same_state(state, state.clone())
+    moved = state.clone()
+    moved.tensors["rest_k"][0, 0, 1, 2] *= -1
+    assert (state.tensors["rest_pos"] != 0).all() and not same_state(state, moved)
+    wide = state.clone()
+    wide.tensors["rest_pos"][:, :, :, :3] = 1  # half the rest group's tokens differ
+    assert not same_state(state, wide)

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.files import file_identity
-from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, layer_rows, stacked_window_spec
+from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, layer_rows, memory_slots_of, stacked_window_spec
 
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
@@ -234,8 +234,10 @@ class Engine:
         self.static = [self._window_args(i) for i in range(c.n_layers)]
         # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
         self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta) if c.memory_slots else None
-        self.mem_static = () if self.mem_table is None else (c.memory_slots, self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
-        self.mem_row = [rows.get("mem_k") for rows in layer_rows(c, MEMORY_NAMES)]  # each layer's row of the memory, or None
+        self.mem_static = () if self.mem_table is None else (self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
+        # Each layer's memory: its stacked tensors' names (mem_k & co. or rest_k & co.), its row and M; or None.
+        self.mem_rows = [None if "mem_k" not in rows else (tuple(rows[n][0] for n in MEMORY_NAMES), rows["mem_k"][1], memory_slots_of(c, i))
+                         for i, rows in enumerate(layer_rows(c, self.state_spec()))]
         # With the VNNI form of the int8 matmul, a prefill's rows take it too (else numpy's GEMM).
         self.c_rows = 1 << 30 if lib.laplace_matmul_i8_vnni() else FEW_ROWS
         self.norm_eps = c.final_norm_eps if c.final_norm_eps is not None else c.norm_eps
@@ -351,11 +353,11 @@ class Engine:
 
     @staticmethod
     def _state_ptrs(state: EngineState) -> tuple[Any, ...]:
-        """The state's ring and branch addresses and their per-layer strides (bytes), then the
-        memory's (mem_k, mem_v, mem_score, mem_pos) as (address, stride) pairs, or None."""
+        """The state's ring and branch addresses and their per-layer strides (bytes), then each
+        stacked memory tensor's (address, stride) by name."""
         t = state.tensors
         wk, wv, gla = t["win_k"], t["win_v"], t.get("gla")
-        mem = None if "mem_k" not in t else tuple((t[n].ctypes.data, t[n].strides[0]) for n in MEMORY_NAMES)
+        mem = {n: (a.ctypes.data, a.strides[0]) for n, a in t.items() if n not in ("win_k", "win_v", "gla")}
         return (wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data, wk.strides[0],
                 0 if gla is None else gla.strides[0], mem)
 
@@ -368,11 +370,12 @@ class Engine:
         kp, vp, gp, ring, branch, mem = ptrs
         args = (qkv[0], 0, None, qkv[1], kp + i * ring, vp + i * ring, *mid, t0, T, *shape,
                 None if gp is None else gp + i * branch, xin[0], xin[1], *tail, y[0], y[1], self.threads)
-        r = None if mem is None else self.mem_row[i]
-        if r is None:
+        own = self.mem_rows[i]
+        if own is None:
             rc = self.lib.laplace_window(*args)
         else:
-            rc = self.lib.laplace_window_memory(*args, *(at + r * stride for at, stride in mem), *self.mem_static)
+            names, r, slots = own
+            rc = self.lib.laplace_window_memory(*args, *(mem[n][0] + r * mem[n][1] for n in names), slots, *self.mem_static)
         if rc != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 

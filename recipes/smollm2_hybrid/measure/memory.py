@@ -103,6 +103,8 @@ def variant_config(config: LaplaceConfig, v: Variant, tokens: int) -> LaplaceCon
     changes: dict[str, Any] = {"window": full_window(config, tokens)} if v == FULL else {}
     if "memory_slots" in {f.name for f in dataclasses.fields(config)}:
         changes["memory_slots"] = v.slots
+        if not v.slots and getattr(config, "memory_rest_slots", 0):
+            changes["memory_rest_slots"] = 0  # full attention or the window alone: no memory of either size
         if v.policy is not None:
             changes["memory_policy"] = v.policy
     elif v.slots:

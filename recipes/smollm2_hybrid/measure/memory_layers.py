@@ -13,7 +13,7 @@ kv head's query heads.
 `ppl`: perplexity past S + W up to 2,048 and to 4,096 tokens on the same documents (the
 training split: the layers are chosen here, and the held-out corpus stays for
 `memory.py ppl`), for variants NAME=LAYERS:M (LAYERS: all, none, or 11,14-18; M the
-slots; the "novelty" policy), NAME=full (full attention), with the share of the window's
+slots; M+R: R slots in each other layer, `memory_rest_slots`; the "novelty" policy), NAME=full (full attention), with the share of the window's
 gap to full attention each closes.
 
 What it found on the default model (2026-12-04): memory in layers 0-10 closes nothing
@@ -122,8 +122,11 @@ def ppl(lm: LoadedModel, docs: list[tuple[str, list[int]]], variants: list[str],
         else:
             where, _, slots = what.partition(":")
             layers = parse_layers(where, c.n_layers)
-            M = int(slots) if layers else 0
-            config = dataclasses.replace(c, memory_slots=M, memory_policy="novelty", memory_layers=layers if M else ())
+            main, _, rest = slots.partition("+")  # M, or M+R: R slots in the other layers (`memory_rest_slots`)
+            M = int(main) if layers else 0
+            R = int(rest) if rest and M and len(layers) < c.n_layers else 0
+            config = dataclasses.replace(c, memory_slots=M, memory_policy="novelty", memory_layers=layers if M else (),
+                                         memory_rest_slots=R)
             model = model_from_tensors(config, dict(lm.model.state_dict()), where=name).eval()
         losses = [token_losses(model, ids, 512) for _, ids in docs]
         rows[name] = {"past_2048": perplexity(losses, edge, 2047), "past_4096": perplexity(losses, edge, 4095), "spec": what}
