@@ -561,6 +561,44 @@ static inline __attribute__((always_inline)) float dot_bf16(const float *a, cons
     return acc;
 }
 
+/* pm[r, j] = qm[r] . mk[j] for a group's R heads (qm [R, D], pm row stride M): the memory's
+ * `group_scores`. A block of 8 bf16 keys is widened once for all R heads, and each head's 8
+ * sums come out of one transposing tree (`sum8`), not 8 horizontal sums; an empty slot
+ * (mp[j] == 0) scores -inf. */
+static inline __attribute__((always_inline)) void memory_scores(float *pm, const float *qm, const uint16_t *mk,
+                                                                 const int64_t *mp, int R, int M, int D) {
+    int j0 = 0;
+    if (D % 8 == 0 && D <= 128) {
+        float kf[8 * D];
+        for (; j0 + 8 <= M; j0 += 8) {
+            const uint16_t *rows = mk + (int64_t)j0 * D;
+#pragma omp simd
+            for (int i = 0; i < 8 * D; i++) kf[i] = from_bf16(rows[i]);
+            for (int r = 0; r < R; r++) {
+                v8f acc[8];
+                for (int i = 0; i < 8; i++) {
+                    v8f sum = {0};
+                    for (int j = 0; j < D / 8; j++) {
+                        v8f x, y;
+                        memcpy(&x, qm + (int64_t)r * D + 8 * j, sizeof x);
+                        memcpy(&y, kf + i * D + 8 * j, sizeof y);
+                        sum += x * y;
+                    }
+                    acc[i] = sum;
+                }
+                v8f out = sum8(acc);
+                memcpy(pm + (int64_t)r * M + j0, &out, sizeof out);
+            }
+            for (int i = 0; i < 8; i++)
+                if (mp[j0 + i] == 0)
+                    for (int r = 0; r < R; r++) pm[(int64_t)r * M + j0 + i] = -INFINITY;
+        }
+    }
+    for (; j0 < M; j0++)
+        for (int r = 0; r < R; r++)
+            pm[(int64_t)r * M + j0] = mp[j0] != 0 ? dot_bf16(qm + (int64_t)r * D, mk + (int64_t)j0 * D, D) : -INFINITY;
+}
+
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 
@@ -587,6 +625,49 @@ static inline __attribute__((always_inline)) void weighted_rows_bf16(float *out,
     for (int i = 0; i < D; i++) out[i] = 0.0f;
     for (int r = 0; r < R; r++)
         for (int i = 0; i < D; i++) out[i] += w[r] * from_bf16(M[(int64_t)r * D + i]);
+}
+
+/* out [RC, D] = w [RC, M] (row stride M) @ mv [M, D] bf16 for RC <= 4 heads at once: each
+ * value row is widened once for all of them, half a row (32 floats) at a time so the
+ * accumulators stay in registers (RC and D constants where it is called). */
+static inline __attribute__((always_inline)) void memory_values_rc(float *out, const float *w, const uint16_t *mv, int RC,
+                                                                    int M, int D) {
+    for (int c0 = 0; c0 < D / 8; c0 += 4) {
+        v8f acc[4][4] = {{{0}}};
+        for (int j = 0; j < M; j++) {
+            const uint16_t *row = mv + (int64_t)j * D + 8 * c0;
+            v8f x[4];
+            for (int u = 0; u < 4; u++) {
+                v8h h;
+                memcpy(&h, row + 8 * u, sizeof h);
+                v8u b = __builtin_convertvector(h, v8u) << 16;
+                memcpy(&x[u], &b, sizeof x[u]);
+            }
+            for (int r = 0; r < RC; r++) {
+                float wr = w[(int64_t)r * M + j];
+                for (int u = 0; u < 4; u++) acc[r][u] += wr * x[u];
+            }
+        }
+        for (int r = 0; r < RC; r++)
+            for (int u = 0; u < 4; u++) memcpy(out + (int64_t)r * D + 8 * (c0 + u), &acc[r][u], sizeof acc[r][u]);
+    }
+}
+
+/* out [R, D] = w [R, M] @ mv [M, D]: the memory's read for a group's R heads. */
+static inline __attribute__((always_inline)) void memory_values(float *out, const float *w, const uint16_t *mv, int R,
+                                                                 int M, int D) {
+    if (D % 32 == 0 && D <= 128) {
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            switch (R - r0 < 4 ? R - r0 : 4) {
+            case 1: memory_values_rc(out + (int64_t)r0 * D, w + (int64_t)r0 * M, mv, 1, M, D); break;
+            case 2: memory_values_rc(out + (int64_t)r0 * D, w + (int64_t)r0 * M, mv, 2, M, D); break;
+            case 3: memory_values_rc(out + (int64_t)r0 * D, w + (int64_t)r0 * M, mv, 3, M, D); break;
+            default: memory_values_rc(out + (int64_t)r0 * D, w + (int64_t)r0 * M, mv, 4, M, D); break;
+            }
+        }
+        return;
+    }
+    for (int r = 0; r < R; r++) weighted_rows_bf16(out + (int64_t)r * D, w + (int64_t)r * M, mv, M, D);
 }
 
 /* out = x cos + roll(x, D/2) sin, or with sign = -1 the rotation back (x cos - roll(x) sin). */
@@ -863,7 +944,7 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
      * a group's R heads together, so each key is read once. */
     const float qscale = 1.0f / sqrtf((float)D);
     float qs[D], qr[R][3][D], P[R][N], num[D];
-    float qm[M ? R : 1][D], pm[M ? M : 1], num_m[D];  /* the memory's: queries at angle W, scores, read */
+    float qm[M ? R : 1][D], pm[M ? R : 1][M ? M : 1], num_m[M ? R : 1][D], den_r[R];  /* the memory's: queries at angle W, scores, read */
     for (int h = h0; h < h1; h++) {
         int g = h / R, r = h % R;
         const float *kg = rk[g], *vg = rv[g];
@@ -875,24 +956,36 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
                 if (M) rotate(qm[rr], qs, mem_tab, mem_tab + D, D, 1.0f);
             }
             group_scores(&P[ra][0], &qr[ra][0][0], kg, row, bias, rb - ra, N, D);
-        }
-        float *p = P[r], m = -INFINITY;
-#pragma omp simd reduction(max : m)
-        for (int s = 0; s < N; s++) m = p[s] > m ? p[s] : m;
-        if (M) { /* the memory's slots join the same softmax (an empty slot: -inf) */
-            for (int j = 0; j < M; j++) {
-                pm[j] = mp[g][j] != 0 ? dot_bf16(qm[r], mk[g] + (int64_t)j * D, D) : -INFINITY;
-                m = pm[j] > m ? pm[j] : m;
+            if (M) { /* the memory's slots join each head's softmax (an empty slot: -inf); read for the heads at once */
+                memory_scores(&pm[ra][0], &qm[ra][0], mk[g], mp[g], rb - ra, M, D);
+                for (int rr = ra; rr < rb; rr++) {
+                    float *pw = P[rr], *pr = pm[rr], mx = -INFINITY, dw = 0.0f, dm = 0.0f;
+#pragma omp simd reduction(max : mx)
+                    for (int s = 0; s < N; s++) mx = pw[s] > mx ? pw[s] : mx;
+#pragma omp simd reduction(max : mx)
+                    for (int j = 0; j < M; j++) mx = pr[j] > mx ? pr[j] : mx;
+#pragma omp simd reduction(+ : dw)
+                    for (int s = 0; s < N; s++) { pw[s] = vexp(pw[s] - mx); dw += pw[s]; }
+#pragma omp simd reduction(+ : dm)
+                    for (int j = 0; j < M; j++) { pr[j] = vexp(pr[j] - mx); dm += pr[j]; }
+                    den_r[rr] = dw + dm;
+                }
+                memory_values(&num_m[ra][0], &pm[ra][0], mv[g], rb - ra, M, D);
             }
         }
-        float den = 0.0f;
+        float *p = P[r], den;
+        if (M) { /* exponentiated above, with the memory's */
+            den = den_r[r];
+            weighted_rows(num, p, vg, N, D, D);
+            for (int i = 0; i < D; i++) num[i] += num_m[r][i];
+        } else {
+            float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+            for (int s = 0; s < N; s++) m = p[s] > m ? p[s] : m;
+            den = 0.0f;
 #pragma omp simd reduction(+ : den)
-        for (int s = 0; s < N; s++) { p[s] = vexp(p[s] - m); den += p[s]; }
-        weighted_rows(num, p, vg, N, D, D);
-        if (M) {
-            for (int j = 0; j < M; j++) { pm[j] = vexp(pm[j] - m); den += pm[j]; }
-            weighted_rows_bf16(num_m, pm, mv[g], M, D);
-            for (int i = 0; i < D; i++) num[i] += num_m[i];
+            for (int s = 0; s < N; s++) { p[s] = vexp(p[s] - m); den += p[s]; }
+            weighted_rows(num, p, vg, N, D, D);
         }
         const int64_t yh = (int64_t)h * D;
         if (!gla) {
