@@ -119,7 +119,7 @@ def measure_torch(model_dir: str, *, slots: int, policy: str | None, context: in
 
     from agent.runtime.generation import EagerRunner
     from agent.runtime.memory import EMPTY
-    from agent.runtime.state_spec import MEMORY_GROUPS
+    from agent.runtime.state_spec import MEMORY_TENSORS
 
     torch.set_num_threads(threads)
     model, tokenizer, dtype = load_variant(model_dir, slots, policy)
@@ -133,7 +133,7 @@ def measure_torch(model_dir: str, *, slots: int, policy: str | None, context: in
     if base.nbytes != config.state_bytes():
         raise SystemExit(f"the state holds {base.nbytes} bytes, the config counts {config.state_bytes()}")
     return result(config, "torch", dtype, torch.get_num_threads(), context, prefill, decode, prefill_s, decode_s,
-                  spec_bytes(config, sum(MEMORY_GROUPS, ())), filled)
+                  spec_bytes(config, MEMORY_TENSORS), filled)
 
 
 def measure_engine(model_dir: str, *, slots: int, policy: str | None, context: int, prefill: int, decode: int,
@@ -141,7 +141,7 @@ def measure_engine(model_dir: str, *, slots: int, policy: str | None, context: i
     """The same protocol on the torch-free engine: numpy logits, the state's arrays."""
     from agent.runtime.modeldir import card_run_dtype
     from agent.runtime.native.engine import Engine, EngineUnavailable
-    from agent.runtime.state_spec import MEMORY_GROUPS
+    from agent.runtime.state_spec import MEMORY_TENSORS
     from agent.runtime.tokenizer import Tokenizer
 
     root = Path(model_dir)
@@ -164,7 +164,7 @@ def measure_engine(model_dir: str, *, slots: int, policy: str | None, context: i
     if held != config.state_bytes():
         raise SystemExit(f"the engine's state holds {held} bytes, the config counts {config.state_bytes()}")
     return {**result(config, "engine", weights, threads, context, prefill, decode, prefill_s, decode_s,
-                     spec_bytes(config, sum(MEMORY_GROUPS, ())), filled), "torch_imported": "torch" in sys.modules}
+                     spec_bytes(config, MEMORY_TENSORS), filled), "torch_imported": "torch" in sys.modules}
 
 
 def result(config: Any, runtime: str, weights: str, threads: int, context: int, prefill: int, decode: int,

@@ -78,7 +78,9 @@ def info(
         memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')})" if slots else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
                  f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
-        held = sum(v for n, v in parts.items() if n.startswith(("mem_", "rest_")))
+        from agent.runtime.state_spec import MEMORY_TENSORS  # torch-free
+
+        held = sum(parts.get(n, 0) for n in MEMORY_TENSORS)
         split = (f"window {parts['win_k'] + parts['win_v']:,} + GLA {parts.get('gla', 0):,}"
                  + (f" + memory {held:,}" if held else "") + f" + positions {parts['pos']:,}; ")
     else:

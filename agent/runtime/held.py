@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Mapping, TypeVar
 import numpy as np
 
 from agent.runtime.config import LaplaceConfig
+from agent.runtime.state_spec import MEMORY_GROUPS
 
 if TYPE_CHECKING:
     from agent.runtime.native.runner import ArrayState
     from agent.runtime.state import RecurrentState
 
 K = TypeVar("K")
-MEMORY = ("mem_pos", "rest_pos")  # the state tensors of memory slots' positions + 1 [L_mem, B, G, M], 0 where empty
+MEMORY = tuple(group[3] for group in MEMORY_GROUPS)  # each group's slots' positions + 1 [L_mem, B, G, M], 0 where empty
 
 
 @dataclass(frozen=True)

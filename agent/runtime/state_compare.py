@@ -122,8 +122,9 @@ def compare(stored: RecurrentState, replayed: RecurrentState) -> list[PartDiffer
             matched, part = _memory_matched(stored, replayed, group)
             memory |= matched
             out.append(part)
+    positions = {group[3] for group in MEMORY_GROUPS}  # compared token by token above
     for name in stored.names:
-        if name in (group[3] for group in MEMORY_GROUPS):
+        if name in positions:
             continue
         a, b = memory.get(name) or (stored.tensors[name], replayed.tensors[name])
         if a.numel() == 0:

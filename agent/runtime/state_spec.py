@@ -17,6 +17,7 @@ WINDOW_USES_POSITIONS = True  # the window mixer reads `pos` (`WindowAttention.u
 MEMORY_NAMES = ("mem_k", "mem_v", "mem_score", "mem_pos")  # the memory's tensors (`memory.py`), in the kernel's order
 REST_NAMES = ("rest_k", "rest_v", "rest_score", "rest_pos")  # the same, stacked over the rest group's layers
 MEMORY_GROUPS = (MEMORY_NAMES, REST_NAMES)  # every stacked memory tensor's name, by group
+MEMORY_TENSORS = MEMORY_NAMES + REST_NAMES  # the same, in one tuple
 MEMORY_DTYPE = "bfloat16"  # mem_k and mem_v: bf16 (half the bytes of fp32: twice the slots; perplexity the same to 3 decimals)
 DTYPE_BYTES = {"float32": 4, "int64": 8, "bfloat16": 2}
 

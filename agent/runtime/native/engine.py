@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from agent.runtime import native
 from agent.runtime.config import LaplaceConfig
 from agent.runtime.files import file_identity
-from agent.runtime.state_spec import MEMORY_NAMES, StateSpec, layer_rows, memory_slots_of, stacked_window_spec
+from agent.runtime.state_spec import MEMORY_NAMES, MEMORY_TENSORS, StateSpec, layer_rows, memory_slots_of, stacked_window_spec
 
 INT8_CACHE = ".laplace-int8-rows-v1.safetensors"  # weights.PreparedCache's file for quant.QUANT_SCHEME
 INT8_SCHEME = "int8-rows-v1"
@@ -357,7 +357,7 @@ class Engine:
         stacked memory tensor's (address, stride) by name."""
         t = state.tensors
         wk, wv, gla = t["win_k"], t["win_v"], t.get("gla")
-        mem = {n: (a.ctypes.data, a.strides[0]) for n, a in t.items() if n not in ("win_k", "win_v", "gla")}
+        mem = {n: (a.ctypes.data, a.strides[0]) for n, a in t.items() if n in MEMORY_TENSORS}
         return (wk.ctypes.data, wv.ctypes.data, None if gla is None else gla.ctypes.data, wk.strides[0],
                 0 if gla is None else gla.strides[0], mem)
 
