@@ -298,8 +298,10 @@ def run_window(lib: Any, attn: Any, state: dict[str, Tensor], t0: int, tabs: Ste
         args += [state["gla"].data_ptr(), xin.data_ptr(), xin.stride(0), c.d_model, params[0].data_ptr(), params[1].data_ptr(),
                  _ptr(maps[0]), _ptr(maps[1]), 0 if maps[0] is None else maps[0].shape[-1], float(c.gate_normalizer),
                  params[2].data_ptr(), c.feature_size**-0.5 if c.qk_scale else 1.0, int(c.combine != "softmax"), GATED_EPS]
-    # A prefill's rows split their heads over 2 threads (decode.c), when torch may use 2.
-    args += [y.data_ptr(), y.stride(0), min(2, torch.get_num_threads())]
+    # A prefill's rows split their heads over 2 threads (decode.c), when torch may use 2. A
+    # decode step stays on this thread: torch's own threads run its matmuls here, and the
+    # kernel's helper thread, spinning between jobs, would take a core from them.
+    args += [y.data_ptr(), y.stride(0), min(2, torch.get_num_threads()) if T > 1 else 1]
     if "mem_k" in state:
         assert native_memory_ok(c), c.memory_policy
         rc = lib.laplace_window_memory(*args, *(state[n].data_ptr() for n in MEMORY_NAMES), state["mem_k"].shape[-2],

@@ -374,12 +374,15 @@ int laplace_matmul_i8_vnni(void) { return 0; }
 
 struct matmul_job { const float *x; int64_t T; int K; const int8_t *w; const float *scale; int n0, n1; float *out; int64_t out_stride; };
 
-static void matmul_job_run(struct matmul_job *j) {
+static void *matmul_job_run(void *arg) {
+    struct matmul_job *j = arg;
     matmul_i8_rows(j->x, j->T, j->K, j->w, j->scale, j->n0, j->n1, j->out, j->out_stride);
+    return NULL;
 }
 
-/* One helper thread, started on first use and kept: a decode step splits ~120 matmuls
- * between two cores, and starting a thread for each (~20 us) would cost more than it saves.
+/* One helper thread, started on first use and kept: a decode step splits ~120 matmuls and its
+ * 30 window mixers (`window_rows`) between two cores, and starting a thread for each (~20 us)
+ * would cost more than it saves. A job is a function and its argument.
  * The helper spins briefly after each job (the next comes within microseconds in a step),
  * then sleeps on a condition variable. One caller at a time uses it (`busy`; another runs
  * its matmul alone), and a forked child, which has no helper, starts its own. */
@@ -388,9 +391,11 @@ static struct {
     pthread_mutex_t mu, busy;
     pthread_cond_t cv;
     volatile unsigned posted, finished; /* job numbers (wrapping), read and written with the builtins below */
-    struct matmul_job job;
+    void *(*fn)(void *);
+    void *arg;
+    struct matmul_job matmul;  /* the matmul's job lives here while the helper runs it */
     int started;
-} helper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}, 0};
+} helper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, NULL, {0}, 0};
 
 static inline void cpu_relax(void) {
 #if defined(__SSE2__)
@@ -413,7 +418,7 @@ static void *helper_main(void *arg) {
             pthread_mutex_unlock(&helper.mu);
         }
         seen = __atomic_load_n(&helper.posted, __ATOMIC_ACQUIRE);
-        matmul_job_run(&helper.job);
+        helper.fn(helper.arg);
         __atomic_store_n(&helper.finished, seen, __ATOMIC_RELEASE);
     }
     return NULL;
@@ -441,6 +446,24 @@ static int helper_ready(void) {
     return helper.started;
 }
 
+/* Give the helper (held through `helper.busy`, and started) fn(arg); returns the job's number. */
+static unsigned helper_post(void *(*fn)(void *), void *arg) {
+    helper.fn = fn;
+    helper.arg = arg;
+    pthread_mutex_lock(&helper.mu);
+    unsigned job = helper.posted + 1u;
+    __atomic_store_n(&helper.posted, job, __ATOMIC_RELEASE);
+    pthread_cond_signal(&helper.cv);
+    pthread_mutex_unlock(&helper.mu);
+    return job;
+}
+
+/* Wait for the helper's job, then let another caller have it. */
+static void helper_wait(unsigned job) {
+    while (__atomic_load_n(&helper.finished, __ATOMIC_ACQUIRE) != job) cpu_relax();
+    pthread_mutex_unlock(&helper.busy);
+}
+
 /* With threads = 2 and a matrix of at least 64 K weights the rows are split at a multiple of
  * 4: the helper takes the second part while the caller does the first. */
 #define MATMUL_SPLIT_MIN (1 << 16)
@@ -456,15 +479,10 @@ void laplace_matmul_i8(const float *x, int64_t T, int K, const int8_t *w, const 
         return;
     }
     int split = (N / 2) & ~3;
-    helper.job = (struct matmul_job){x, T, K, w, scale, split, N, out, out_stride};
-    pthread_mutex_lock(&helper.mu);
-    unsigned job = helper.posted + 1u;
-    __atomic_store_n(&helper.posted, job, __ATOMIC_RELEASE);
-    pthread_cond_signal(&helper.cv);
-    pthread_mutex_unlock(&helper.mu);
+    helper.matmul = (struct matmul_job){x, T, K, w, scale, split, N, out, out_stride};
+    unsigned job = helper_post(matmul_job_run, &helper.matmul);
     matmul_i8_rows(x, T, K, w, scale, 0, split, out, out_stride);
-    while (__atomic_load_n(&helper.finished, __ATOMIC_ACQUIRE) != job) cpu_relax();
-    pthread_mutex_unlock(&helper.busy);
+    helper_wait(job);
 }
 
 typedef float v8f __attribute__((vector_size(32)));  /* GCC's portable vectors: 8 floats */
@@ -679,18 +697,62 @@ static void rotate(float *out, const float *x, const float *cos, const float *si
 /* memory.novelty for the key leaving a group's window: ev [D] (un-rotated) against the keys
  * in its ring's window slots after this step's write, rotated back from their slots' angles
  * (cos_r, sin_r [W, D]); a slot counts only when its token lies more than `span` positions
- * after the leaving one (window_decode.StepTables.twin). twin_cut: 1 - memory.TWIN. */
+ * after the leaving one (window_decode.StepTables.twin). twin_cut: 1 - memory.TWIN.
+ * `stop`: the caller needs the score only if it is at least a bound b > 0 (the memory is full
+ * and its worst slot scores b), so the scan ends, returning -1 (never admitted), as soon as a
+ * key is nearer than `stop` = twin_cut - b (+ slack): more keys can only lower the score
+ * (INFINITY: never stop). */
 static float novelty_score(const float *ev, const float *ring, const float *cos_r, const float *sin_r, int64_t slot,
-                           int S, int W, int D, int span, float twin_cut) {
+                           int S, int W, int D, int span, float twin_cut, float stop) {
     /* cos(ev, R_j^-1 k_j) without rotating k_j back: the rotation keeps |k_j|, and with the
      * pair (m, m + D/2) turned by the slot's angle, ev . R_j^-1 k_j = sum over m < D/2 of
      * cos_m (ev_m k_m + ev_m' k_m') + sin_m (ev_m k_m' - ev_m' k_m) (m' = m + D/2; sin_r's
-     * second half holds +sin). One vectorized pass per slot, no temporary. */
+     * second half holds +sin). Eight slots at a time: their sums come out of one transposing
+     * tree (`sum8`) and their norms and cosines are one vector each. */
     const int h = D / 2;
     float ne = sqrtf(dot(ev, ev, D)), near = -1.0f;  /* max over no key: -1 */
     ne = ne > 1e-12f ? ne : 1e-12f;  /* F.normalize's eps */
-    for (int j = 0; j < W; j++) {
-        int64_t d = ((slot - S - j) % W + W) % W;  /* slot S + j holds the token d steps before this one */
+    int j0 = 0;
+    if (h % 8 == 0 && h <= 64) {
+        for (; j0 + 8 <= W; j0 += 8) {
+            v8f an[8], ak[8];
+            for (int i = 0; i < 8; i++) {
+                const float *k = ring + (int64_t)(S + j0 + i) * D, *c = cos_r + (int64_t)(j0 + i) * D,
+                            *sn = sin_r + (int64_t)(j0 + i) * D + h;
+                v8f n = {0}, kk = {0};
+                for (int m = 0; m < h / 8; m++) {
+                    v8f k0, k1, e0, e1, cm, sm;
+                    memcpy(&k0, k + 8 * m, sizeof k0);
+                    memcpy(&k1, k + h + 8 * m, sizeof k1);
+                    memcpy(&e0, ev + 8 * m, sizeof e0);
+                    memcpy(&e1, ev + h + 8 * m, sizeof e1);
+                    memcpy(&cm, c + 8 * m, sizeof cm);
+                    memcpy(&sm, sn + 8 * m, sizeof sm);
+                    n += cm * (e0 * k0 + e1 * k1) + sm * (e0 * k1 - e1 * k0);
+                    kk += k0 * k0 + k1 * k1;
+                }
+                an[i] = n;
+                ak[i] = kk;
+            }
+            v8f num = sum8(an), kk = sum8(ak);
+            float nv[8], kv[8], cs[8];
+            memcpy(nv, &num, sizeof nv);
+            memcpy(kv, &kk, sizeof kv);
+#pragma omp simd
+            for (int i = 0; i < 8; i++) {
+                float nb = __builtin_sqrtf(kv[i]);  /* kv >= 0: no errno path */
+                nb = nb > 1e-12f ? nb : 1e-12f;
+                cs[i] = nv[i] / ne / nb;
+            }
+            for (int i = 0; i < 8; i++) {
+                int64_t d = ((slot - S - (j0 + i)) % W + W) % W;  /* slot S + j holds the token d steps before this one */
+                if (W - d > span) near = cs[i] > near ? cs[i] : near;
+            }
+            if (near > stop) return -1.0f;
+        }
+    }
+    for (int j = j0; j < W; j++) {
+        int64_t d = ((slot - S - j) % W + W) % W;
         if (W - d <= span) continue;
         const float *k = ring + (int64_t)(S + j) * D, *c = cos_r + (int64_t)j * D, *sn = sin_r + (int64_t)j * D + h;
         float num = 0.0f, kk = 0.0f;
@@ -705,23 +767,31 @@ static float novelty_score(const float *ev, const float *ring, const float *cos_
         float cs = num / ne / nb;
         near = cs > near ? cs : near;
     }
+    if (near > stop) return -1.0f;
     float sc = twin_cut - near;
     return sc > 0.0f ? sc : 0.0f;
 }
 
+/* The slot a newcomer would replace in a group's memory: the worst (lowest score; on a tie
+ * the earlier token, so the first in position order), or -1 while slot 0 is empty (empty
+ * slots come first, so the newcomer always gets one). */
+static int worst_slot(const float *ms, const int64_t *mp, int M) {
+    if (mp[0] == 0) return -1;
+    int out = 0;
+    for (int j = 1; j < M; j++) out = ms[j] < ms[out] ? j : out;
+    return out;
+}
+
 /* memory.admit for one step: the token leaving the window (k, v [D], its score, pos = 1 + its
  * position, later than every slot's) into a group's M slots (keys and values stored bf16). The
- * memory is the M best by (score, position), so the newcomer takes an empty slot (slot 0: empty
- * ones come first) or replaces the worst slot (lowest score; on a tie the earlier token) when it
- * ranks above it, which on a tie it does (it is the later token). The slots after the freed one
- * move down one, and the newcomer goes last: position order stays. */
+ * memory is the M best by (score, position), so the newcomer takes an empty slot (slot 0,
+ * worst = -1) or replaces the worst slot (`worst_slot`) when it ranks above it, which on a tie
+ * it does (it is the later token). The slots after the freed one move down one, and the
+ * newcomer goes last: position order stays. */
 static void admit_one(uint16_t *mk, uint16_t *mv, float *ms, int64_t *mp, int M, int D, const float *k, const float *v,
-                      float score, int64_t pos) {
-    int out = 0;
-    if (mp[0] != 0) {
-        for (int j = 1; j < M; j++) out = ms[j] < ms[out] ? j : out;
-        if (!(score >= ms[out])) return;
-    }
+                      float score, int64_t pos, int worst) {
+    int out = worst < 0 ? 0 : worst;
+    if (worst >= 0 && !(score >= ms[out])) return;
     int n = M - 1 - out;
     memmove(mk + (int64_t)out * D, mk + (int64_t)(out + 1) * D, sizeof(uint16_t) * n * D);
     memmove(mv + (int64_t)out * D, mv + (int64_t)(out + 1) * D, sizeof(uint16_t) * n * D);
@@ -769,11 +839,18 @@ static void phi(float *out, const float *x, const float *map, int h, int D, int 
     int N, float *gla, const float *xin, int d_model, const float *decay_w, const float *decay_b,          \
     const float *q_map, const float *k_map, int F0, float gate_normalizer, const float *mix, float scale,   \
     int gated, float eps, void *y, int64_t t, int S, uint16_t *const *mk, uint16_t *const *mv, float *const *ms, \
-    int64_t *const *mp, int M, const float *mem_tab, int span, float twin_cut
+    int64_t *const *mp, int M, const float *mem_tab, int span, float twin_cut, int phase, float *evbuf
 #define TOKEN_ARGS(D, M)                                                                                  \
     qkv, io_bf16, qkv_scale, rk, rv, h0, h1, cos3, sin3, row, bias, slot, leaves, H, G, D, N, gla, xin,     \
     d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale, gated, eps, y, t, S, mk, mv, ms, \
-    mp, M, mem_tab, span, twin_cut
+    mp, M, mem_tab, span, twin_cut, phase, evbuf
+
+/* Phases of `window_token`: WRITE, the groups' rings and memories take the token (the key and
+ * value leaving each ring go to evbuf [G, 2, D] when it is given); READ, the heads' outputs
+ * (with the leaving keys and values from evbuf when WRITE ran in another call). A decode
+ * step with two threads runs WRITE once, then READ for each half of the heads at once. */
+#define WRITE 1
+#define READ 2
 
 /* The window mixer for T consecutive tokens from position t0 (T = 1: a decode step; more: a
  * batch-1 prefill, token after token, so its numbers are the step's). Row t of qkv, xin and y
@@ -791,6 +868,7 @@ struct run {
     float *gla; const float *xin; int64_t xin_stride; int d_model; const float *decay_w, *decay_b, *q_map, *k_map;
     int F0; float gate_normalizer; const float *mix; float scale; int gated; float eps; void *y; int64_t y_stride;
     uint16_t *mk[64], *mv[64]; float *ms[64]; int64_t *mp[64]; int M; const float *mem_tab; int span; float twin_cut;
+    int phase; float *evbuf;  /* WRITE | READ for a prefill's rows; see window_rows for a decode step's */
 };
 
 static void *run_tokens(void *arg) {
@@ -807,7 +885,7 @@ static void *run_tokens(void *arg) {
             j->cos3 + c * 3 * D, j->sin3 + c * 3 * D, j->row + c * N, j->bias + c * N, slot, c >= N, j->H, j->G, D, N,
             j->gla, j->xin + i * j->xin_stride, j->d_model, j->decay_w, j->decay_b, j->q_map, j->k_map, j->F0,
             j->gate_normalizer, j->mix, j->scale, j->gated, j->eps, (char *)j->y + i * j->y_stride * esize, t, S,
-            j->mk, j->mv, j->ms, j->mp, j->M, j->mem_tab, j->span, j->twin_cut);
+            j->mk, j->mv, j->ms, j->mp, j->M, j->mem_tab, j->span, j->twin_cut, j->phase, j->evbuf);
     }
     FTZ_OFF(mode);
     return NULL;
@@ -839,7 +917,8 @@ static int window_rows(WINDOW_PARAMS, uint16_t *mem_k, uint16_t *mem_v, float *m
     const int N = S + W, R = H / G;
     struct run job = {qkv, io_bf16, qkv_scale, qkv_stride, {0}, {0}, 0, H, cos3, sin3, row, bias, t0, T, H, G, D, S, W,
                       gla, xin, xin_stride, d_model, decay_w, decay_b, q_map, k_map, F0, gate_normalizer, mix, scale,
-                      gated, eps, y, y_stride, {0}, {0}, {0}, {0}, mem_k ? M : 0, mem_tab, span, twin_cut};
+                      gated, eps, y, y_stride, {0}, {0}, {0}, {0}, mem_k ? M : 0, mem_tab, span, twin_cut,
+                      WRITE | READ, NULL};
     for (int g = 0; g < G; g++) {
         job.rk[g] = win_k + (int64_t)g * N * D;
         job.rv[g] = win_v + (int64_t)g * N * D;
@@ -850,12 +929,31 @@ static int window_rows(WINDOW_PARAMS, uint16_t *mem_k, uint16_t *mem_v, float *m
             job.mp[g] = mem_pos + (int64_t)g * M;
         }
     }
+    int split = (H + 1) / 2, shared = split % R ? split / R : -1;
+    if (T == 1 && threads >= 2 && H >= 2 && pthread_mutex_trylock(&helper.busy) == 0) {
+        /* A decode step: the rings and memories take the token first (one thread: a group's
+         * ring is written once), then the two halves of the heads read them at once, the
+         * second on the helper thread; nothing is written that the other half reads. */
+        if (helper_ready()) {
+            float evbuf[2 * G * D];
+            job.phase = WRITE;
+            job.evbuf = evbuf;
+            run_tokens(&job);
+            struct run second = job;
+            job.phase = second.phase = READ;
+            job.h1 = second.h0 = split;
+            unsigned posted = helper_post(run_tokens, &second);
+            run_tokens(&job);
+            helper_wait(posted);
+            return 0;
+        }
+        pthread_mutex_unlock(&helper.busy);
+    }
     if (threads < 2 || T < 2 || H < 2) {
         run_tokens(&job);
         return 0;
     }
     struct run second = job;
-    int split = (H + 1) / 2, shared = split % R ? split / R : -1;
     job.h1 = second.h0 = split;
     float *copy = NULL;
     uint16_t *copy_kv = NULL;
@@ -922,24 +1020,42 @@ static inline __attribute__((always_inline)) void window_token(TOKEN_PARAMS) {
     const float *cos_k = cos3 + D, *sin_k = sin3 + D;  /* a key is stored at its slot's angle (row 1) */
     float ev_k[G][D], ev_v[G][D];
     const int g_lo = h0 / R, g_hi = (h1 - 1) / R;  /* the groups these heads read */
-    if (gla || M) { /* the key and value leaving the window: the slot's old content, read before the write */
-        for (int g = g_lo; g <= g_hi; g++) {
-            rotate(ev_k[g], rk[g] + slot * D, cos_k, sin_k, D, -1.0f);
-            memcpy(ev_v[g], rv[g] + slot * D, sizeof(float) * D);
+    if (!(phase & WRITE)) { /* another call wrote this token: the leaving keys and values it kept */
+        if (gla)
+            for (int g = g_lo; g <= g_hi; g++) {
+                memcpy(ev_k[g], evbuf + (int64_t)2 * g * D, sizeof(float) * D);
+                memcpy(ev_v[g], evbuf + (int64_t)(2 * g + 1) * D, sizeof(float) * D);
+            }
+    } else {
+        if (gla || M) { /* the key and value leaving the window: the slot's old content, read before the write */
+            for (int g = g_lo; g <= g_hi; g++) {
+                rotate(ev_k[g], rk[g] + slot * D, cos_k, sin_k, D, -1.0f);
+                memcpy(ev_v[g], rv[g] + slot * D, sizeof(float) * D);
+            }
         }
-    }
-    for (int g = g_lo; g <= g_hi; g++) {
-        rotate(rk[g] + slot * D, k + g * D, cos_k, sin_k, D, 1.0f);
-        memcpy(rv[g] + slot * D, v + g * D, sizeof(float) * D);
-    }
-    if (M && leaves) { /* the memory: the leaving token scored against the window left after the write, then admitted */
-        const int W = N - S;
         for (int g = g_lo; g <= g_hi; g++) {
-            float score = novelty_score(ev_k[g], rk[g], mem_tab + 2 * D, mem_tab + (2 + (int64_t)W) * D, slot, S, W, D,
-                                        span, twin_cut);
-            admit_one(mk[g], mv[g], ms[g], mp[g], M, D, ev_k[g], ev_v[g], score, t - W + 1);
+            rotate(rk[g] + slot * D, k + g * D, cos_k, sin_k, D, 1.0f);
+            memcpy(rv[g] + slot * D, v + g * D, sizeof(float) * D);
         }
+        if (M && leaves) { /* the memory: the leaving token scored against the window left after the write, then admitted */
+            const int W = N - S;
+            for (int g = g_lo; g <= g_hi; g++) {
+                int worst = worst_slot(ms[g], mp[g], M);
+                /* 1e-5 of slack: the scan stops only where the score is surely below the bound, so the
+                 * admission itself is decided by the same comparison as always */
+                float stop = worst >= 0 && ms[g][worst] > 0.0f ? twin_cut - ms[g][worst] + 1e-5f : INFINITY;
+                float score = novelty_score(ev_k[g], rk[g], mem_tab + 2 * D, mem_tab + (2 + (int64_t)W) * D, slot, S, W, D,
+                                            span, twin_cut, stop);
+                admit_one(mk[g], mv[g], ms[g], mp[g], M, D, ev_k[g], ev_v[g], score, t - W + 1, worst);
+            }
+        }
+        if (evbuf)
+            for (int g = g_lo; g <= g_hi; g++) {
+                memcpy(evbuf + (int64_t)2 * g * D, ev_k[g], sizeof(float) * D);
+                memcpy(evbuf + (int64_t)(2 * g + 1) * D, ev_v[g], sizeof(float) * D);
+            }
     }
+    if (!(phase & READ)) return;
     /* Each query head at the three angles, scored against every slot with its row's angle:
      * a group's R heads together, so each key is read once. */
     const float qscale = 1.0f / sqrtf((float)D);
