@@ -14,11 +14,17 @@ policy). By default the engine when it runs every variant (as `cli/chat.py` engi
 decides: the card's dtype int8 or float32, the policies, the C kernels, the int8 cache), else
 torch; the report names the runtime and why. Measured:
 - prefill tok/s of a 512-token segment read after --context tokens (2048: past S + W + M,
-  so the memory is full and turning over), median of 3 rounds;
-- decode tok/s of 128 greedy `step_` steps after that context, median of 3 rounds;
-- the state's bytes (`config.state_bytes()`) and the memory's share; the child's peak RSS.
+  so the memory is full and turning over);
+- decode tok/s of 128 greedy `step_` steps after that context;
+- the state's bytes (`config.state_bytes()`) and the memory's share; the children's peak RSS.
 
-Ratios are variant / window of the time per token (above 1: slower than the window alone).
+Rounds are interleaved: each of 5 rounds runs every variant's child once, in turn (the order
+reversed every other round), and a variant's ratio is the median over the rounds of its time
+per token / the window's in the same round. This machine's speed drifts by 10% and more
+between minutes (the window alone decoded at 90-103 tok/s in three runs of one day): variants
+measured one after another, each over its own rounds, put that drift into their ratio;
+paired rounds cancel most of it. Ratios are variant / window of the time per token (above 1:
+slower than the window alone); tok/s are each variant's medians over its rounds.
 Timings need a quiet machine: as `laplace bench llamacpp` does, the 1-min load average
 before the run and other processes' CPU share during each child decide whether any ratio is
 valid (`ratios_valid`; the CLI exits 3 when not). The state floor is arithmetic, judged
@@ -31,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +53,7 @@ FLOOR_DECODE_TIME = 1.2  # issue 37: decode time per token at most 1.2x the wind
 FLOOR_STATE_MB = 32  # issue 37: the whole state per session
 POLICIES = MEMORY_POLICIES
 DEFAULT_SLOTS = (64, 128)
+ROUNDS = 5  # interleaved rounds: each a child per variant (see the module docstring)
 RUNTIMES = ("torch", "engine")
 QUICK_PAST_FULL = 64  # --quick reads this many tokens past the point where the memory fills
 CHILD_TIMEOUT_S = 900.0
@@ -153,7 +161,7 @@ def plan(model: str, models_dir: str | Path | None, slots: Sequence[int], polici
     if context < full:
         raise ValueError(f"--context {context} leaves the memory part empty: the largest (M = {max(slots)}) fills "
                          f"after S + W + M = {full} tokens; give --context {full} or more")
-    sizes = Sizes(context, 64, 8, 1) if quick else Sizes(context, 512, 128, 3)
+    sizes = Sizes(context, 64, 8, 1) if quick else Sizes(context, 512, 128, ROUNDS)
     return Plan(path, vs, sizes, *choose_runtime(path, configs, runtime))
 
 
@@ -197,7 +205,7 @@ def child_command(p: Plan, v: Variant, threads: int) -> list[str]:
     policy = ["--policy", v.policy] if v.policy else []
     return [sys.executable, "-m", "agent.bench.window_memory_child", str(p.model_dir), "--slots", str(v.slots), *policy,
             "--runtime", p.runtime, "--context", str(s.context), "--prefill", str(s.prefill), "--decode", str(s.decode),
-            "--rounds", str(s.rounds), "--threads", str(threads)]
+            "--rounds", "1", "--threads", str(threads)]  # the rounds are the parent's: interleaved
 
 
 def run_variant(p: Plan, v: Variant, threads: int) -> dict[str, Any]:
@@ -211,14 +219,37 @@ def run_variant(p: Plan, v: Variant, threads: int) -> dict[str, Any]:
     return {**res, "peak_rss_MB": max(run.peak_kb, int(res["peak_kb"])) / 1024, "others_cpu_share": run.others_cpu_share}
 
 
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's children (one round each) as one result: the rounds' seconds in order,
+    tok/s from their medians, the largest peak RSS and others' CPU share."""
+    first = rounds[0]
+    decode_s = [x for r in rounds for x in r["decode_s"]]
+    prefill_s = [x for r in rounds for x in r["prefill_s"]]
+    return {**first, "decode_s": decode_s, "prefill_s": prefill_s,
+            "decode_tok_s": first["decode_tok_s"] * first["decode_s"][0] / statistics.median(decode_s),
+            "prefill_tok_s": first["prefill_tok_s"] * first["prefill_s"][0] / statistics.median(prefill_s),
+            "peak_rss_MB": max(r["peak_rss_MB"] for r in rounds),
+            "others_cpu_share": max(r["others_cpu_share"] for r in rounds)}
+
+
+def paired_ratio(r: dict[str, Any], base: dict[str, Any], key: str, tok_s: str) -> float:
+    """Time per token, variant / window: the median over rounds of the ratio within each round
+    (`key`: "decode_s" or "prefill_s", one entry per round, the same work in both); without
+    per-round times, the ratio of the tok/s."""
+    a, b = r.get(key), base.get(key)
+    if a and b and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b))
+    return base[tok_s] / r[tok_s]
+
+
 def judge(runs: dict[str, dict[str, Any]], valid: bool) -> dict[str, dict[str, Any]]:
-    """Each variant's ratios to `window` (time per token, variant / window) and the floors:
-    the state's always, decode's only on a valid run (None otherwise)."""
+    """Each variant's ratios to `window` (time per token, variant / window, `paired_ratio`)
+    and the floors: the state's always, decode's only on a valid run (None otherwise)."""
     base = runs[WINDOW.name]
     out = {}
     for name, r in runs.items():
-        decode = base["decode_tok_s"] / r["decode_tok_s"]
-        prefill = base["prefill_tok_s"] / r["prefill_tok_s"]
+        decode = paired_ratio(r, base, "decode_s", "decode_tok_s")
+        prefill = paired_ratio(r, base, "prefill_s", "prefill_tok_s")
         state_ok = r["state_bytes"] <= FLOOR_STATE_MB * MB
         decode_ok = decode <= FLOOR_DECODE_TIME if valid else None
         out[name] = {"decode_time_ratio": round(decode, 3), "prefill_time_ratio": round(prefill, 3),
@@ -262,7 +293,8 @@ def report(p: Plan, model: str, runs: dict[str, dict[str, Any]], verdict: dict[s
         "model": f"{model} ({base['weights']}, {base['threads']} threads)",
         "runtime": f"{p.runtime} ({p.runtime_why})",
         "sizes": (f"{s.context} tokens read, then prefill {s.prefill} and decode {s.decode}, "
-                  + ("1 round (--quick: not a measurement)" if quick else f"median of {s.rounds} rounds")),
+                  + ("1 round (--quick: not a measurement)" if quick
+                     else f"{s.rounds} interleaved rounds, each variant once per round; ratios: the median of the rounds' ratios")),
         "ratios": "variant / window of the time per token: above 1 is slower than the window alone",
         "floor": f"decode time ratio <= {FLOOR_DECODE_TIME}, state <= {FLOOR_STATE_MB} MB (issue 37)",
         "floors": floors,
@@ -286,11 +318,14 @@ def bench_window_memory(quick: bool, *, model: str = "default", models_dir: str 
     p = plan(model, models_dir, slots, policies, quick=quick, context=context, runtime=runtime)
     log(f"runtime: {p.runtime} ({p.runtime_why})")
     load_before = settle(max_load, 0.0 if quick else settle_s, log)
-    runs = {}
-    for v in p.variants:
-        r = runs[v.name] = run_variant(p, v, threads)
-        log(f"{v.name}: prefill {r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.2f} tok/s, "
-            f"state {r['state_bytes'] / MB:.2f} MB, peak RSS {r['peak_rss_MB']:.0f} MB")
+    each: dict[str, list[dict[str, Any]]] = {v.name: [] for v in p.variants}
+    for i in range(p.sizes.rounds):
+        for v in p.variants if i % 2 == 0 else p.variants[::-1]:
+            r = run_variant(p, v, threads)
+            each[v.name].append(r)
+            log(f"round {i + 1}/{p.sizes.rounds} {v.name}: prefill {r['prefill_tok_s']:.1f} tok/s, decode "
+                f"{r['decode_tok_s']:.2f} tok/s, state {r['state_bytes'] / MB:.2f} MB, peak RSS {r['peak_rss_MB']:.0f} MB")
+    runs = {name: merge_rounds(rs) for name, rs in each.items()}
     verdict = load_verdict(load_before, os.getloadavg()[0], [r["others_cpu_share"] for r in runs.values()],
                            max_load=max_load, max_others=max_others)
     return report(p, model, runs, verdict, quick)

@@ -49,7 +49,7 @@ def test_the_choices_parse_and_the_variants_start_with_the_window():
 
 def test_ratios_are_time_per_token_and_the_decode_floor_needs_a_quiet_machine(tiny):
     p = wm.plan(str(tiny), None, (64, 128), ("attention",), quick=False)
-    assert p.sizes == wm.Sizes(2048, 512, 128, 3)
+    assert p.sizes == wm.Sizes(2048, 512, 128, wm.ROUNDS)
     runs = {"window": run(100.0, 1000.0, 20 * wm.MB), "attention-64": run(90.0, 800.0, 30 * wm.MB),
             "attention-128": run(50.0, 500.0, 33 * wm.MB)}
     quiet = {"valid": True, "reasons": [], "load_before": 0.1, "load_after": 1.9, "others_cpu_share_max": 0.0,
@@ -68,6 +68,34 @@ def test_ratios_are_time_per_token_and_the_decode_floor_needs_a_quiet_machine(ti
     assert res["variants"]["attention-128"]["floors"] == {"decode_time": None, "state": False}  # arithmetic: judged anyway
     assert res["rows"][2]["note"] == "NOT VALID: measured under load; state over 32 MB"
     assert under_load({"results": {"decode": {}, "window-memory": res}}) == ["window-memory"]
+
+
+def test_rounds_are_interleaved_and_the_ratio_is_the_median_of_paired_rounds(tiny, monkeypatch):
+    """The memory costs 1.1x, and the machine runs at half speed through children 2-6 of 10
+    (say another job ran then). Three of the memory's five rounds and two of the window's
+    fell in it: the medians of their tok/s would put the ratio at 2.2, the paired rounds at 1.1."""
+    p = wm.plan(str(tiny), None, (4,), ("novelty",), quick=False)
+    assert p.sizes.rounds == wm.ROUNDS == 5
+    order: list[str] = []
+
+    def fake(plan, v, threads):
+        slow = 2.0 if 1 <= len(order) <= 5 else 1.0
+        order.append(v.name)
+        t = (1.0 if v.name == "window" else 1.1) * slow  # seconds for the round's 128 tokens
+        return {**run(128 / t, 512 / t, 20 * wm.MB), "decode_s": [t], "prefill_s": [t / 4], "others_cpu_share": 0.0,
+                "peak_rss_MB": 300.0 + len(order)}
+
+    monkeypatch.setattr(wm, "run_variant", fake)
+    monkeypatch.setattr(wm, "settle", lambda *a: 0.0)
+    res = wm.bench_window_memory(False, model=str(tiny), slots=(4,), policies=("novelty",), log=lambda s: None)
+    assert order == ["window", "novelty-4", "novelty-4", "window"] * 2 + ["window", "novelty-4"]
+    v = res["variants"]
+    assert v["novelty-4"]["decode_s"] == pytest.approx([2.2, 2.2, 2.2, 1.1, 1.1])
+    assert v["window"]["decode_s"] == pytest.approx([1.0, 2.0, 2.0, 1.0, 1.0])
+    assert v["window"]["decode_tok_s"] / v["novelty-4"]["decode_tok_s"] == pytest.approx(2.2)  # unpaired: the drift
+    assert v["novelty-4"]["decode_time_ratio"] == pytest.approx(1.1) and v["novelty-4"]["prefill_time_ratio"] == pytest.approx(1.1)
+    assert v["window"]["peak_rss_MB"] == 309.0 and v["novelty-4"]["peak_rss_MB"] == 310.0
+    assert "5 interleaved rounds" in res["summary"]["sizes"]
 
 
 def test_quick_runs_every_variant_end_to_end_and_writes_the_ratios(tiny, tmp_path):
