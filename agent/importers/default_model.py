@@ -33,9 +33,9 @@ from torch import Tensor
 from agent import __version__
 from agent.importers.download import DownloadError, download, sha256_of
 from agent.importers.llama import HybridOptions
-from agent.importers.shipped import (BRANCH_FILE, DELTA_FILE, SETTINGS_FILE, SETTINGS_FORMAT, SHIPPED, SHIPPED_FILES,
-                                     DefaultModelError, applied_records, describe_memory, describe_shipped, read_settings,
-                                     shipped_changes)
+from agent.importers.shipped import (BRANCH_FILE, CARD_KEYS, DELTA_FILE, SETTING_KEYS, SETTINGS_FILE, SETTINGS_FORMAT, SHIPPED,
+                                     SHIPPED_FILES, DefaultModelError, applied_records, describe_memory, describe_shipped,
+                                     read_settings, shipped_changes)
 from agent.importers.source import CheckpointError
 from agent.runtime.checkpoint import LoadedModel, ModelLoadError, load_model_dir, save_model_dir
 from agent.runtime.delta import DeltaError, apply_delta, read_delta, undo_delta, write_delta
@@ -186,10 +186,22 @@ def apply_shipped(loaded: LoadedModel, shipped: Path) -> list[Applied]:
             digest = sha256_of(path)
         except OSError as exc:
             raise DefaultModelError(f"a shipped file is not usable ({exc}); reinstall laplace") from None
-        was = {k: getattr(loaded.model.config, k) for k in values}
-        _set_config(loaded, values, f"the shipped {path} does not fit the model")
+        was = {k: getattr(loaded.model.config, k) if k in SETTING_KEYS else loaded.card.get(k) for k in values}
+        _set_settings(loaded, values, f"the shipped {path} does not fit the model")
         applied.append(Applied(SETTINGS_FILE, SETTINGS_FORMAT, len(values), digest, {}, values, was))
     return applied
+
+
+def _set_settings(loaded: LoadedModel, values: dict[str, Any], fail: str) -> None:
+    """`values` of a settings file: SETTING_KEYS into the config (`_set_config`), CARD_KEYS
+    into the card (a value of None, what "was" holds for a key the card lacked, removes it)."""
+    _set_config(loaded, {k: v for k, v in values.items() if k in SETTING_KEYS}, fail)
+    for k in CARD_KEYS:
+        if k in values:
+            if values[k] is None:
+                loaded.card.pop(k, None)
+            else:
+                loaded.card[k] = values[k]
 
 
 def _set_config(loaded: LoadedModel, values: dict[str, Any], fail: str) -> None:
@@ -256,13 +268,14 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
         loaded = load_model_dir(model_dir)
     except (ModelLoadError, ValueError) as exc:
         raise DefaultModelError(f"{fail}: {exc}") from None
+    config_before = loaded.model.config
     for r in reversed(records):
         if r["format"] == SETTINGS_FORMAT:  # the config values it replaced
             replaced = r.get("was")
             if not isinstance(replaced, dict):
                 raise DefaultModelError(f"{fail}: the card's record of {r['file']} has no values to restore; to build the "
                                         f"default anew, remove {model_dir} and run again")
-            _set_config(loaded, replaced, f"{fail}: the old {r['file']} cannot be taken out")
+            _set_settings(loaded, replaced, f"{fail}: the old {r['file']} cannot be taken out")
             continue
         path = model_dir / UNDO_DIR / r["file"]
         try:
@@ -289,8 +302,11 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
     finally:
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)  # gone already once swapped in
-    return (f"default model: applied the shipped parameters of laplace {__version__} ({change}); was: {was}; "
-            "sessions saved before resume with --rebuild-state")
+    # A saved state is bound to the weights and the config (the fingerprint), not the card.
+    weights_changed = any(part.split(" ")[0] != SETTINGS_FILE for part in change.split(", "))  # "FILE added" ...
+    states = ("sessions saved before resume with --rebuild-state" if weights_changed or loaded.model.config != config_before
+              else "saved sessions resume as they are (only the model card changed)")
+    return f"default model: applied the shipped parameters of laplace {__version__} ({change}); was: {was}; {states}"
 
 
 def _swap_in(new: Path, out: Path, previous: Path) -> None:

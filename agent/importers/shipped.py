@@ -22,10 +22,12 @@ DELTA_FILE = "answer_delta.safetensors"  # added to the teacher's weights ("add"
 SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
 # Config fields the default takes after the files (its memory of evicted tokens, issue 37): a
 # JSON object of SETTING_KEYS, applied and taken out as the files are (its card record keeps
-# the values it replaced, under "was").
+# the values it replaced, under "was"); and CARD_KEYS, which go into the model card instead
+# (the recall its state was measured to keep, from which chat takes its recall horizon).
 SETTINGS_FILE = "settings.json"
 SETTINGS_FORMAT = "settings"
 SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers", "memory_rest_slots")
+CARD_KEYS = ("recall_measured",)
 
 
 class DefaultModelError(Exception):
@@ -39,7 +41,7 @@ def describe_shipped(records: list[dict[str, Any]]) -> str:
     def one(r: dict[str, Any]) -> str:
         if r.get("format") == SETTINGS_FORMAT and isinstance(r.get("values"), dict):
             keys = sorted(r["values"], key=lambda k: (SETTING_KEYS.index(k) if k in SETTING_KEYS else len(SETTING_KEYS), k))
-            what = ", ".join(f"{k}={r['values'][k]}" for k in keys)
+            what = ", ".join(f"{k}={r['values'][k]}" if k in SETTING_KEYS else f"{k} (card)" for k in keys)
         else:
             what = f"{r.get('format')}, {r.get('tensors')} tensors"
         return f"{r.get('file')} ({what}, sha256 {str(r.get('sha256'))[:8]}…)"
@@ -83,13 +85,22 @@ def shipped_changes(model_dir: Path, shipped: Optional[Path] = None) -> Optional
 
 def read_settings(path: Path) -> dict[str, Any]:
     """The shipped settings file: a JSON object whose keys are among SETTING_KEYS (each value
-    is checked by the config it goes into). DefaultModelError, naming the file, otherwise."""
+    is checked by the config it goes into) and CARD_KEYS (checked here). DefaultModelError,
+    naming the file, otherwise."""
+    from agent.recall.horizon import check_measured  # torch-free
+
     try:
         values = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DefaultModelError(f"the shipped {path} is unreadable ({exc}); reinstall laplace") from None
-    if not isinstance(values, dict) or not values or not set(values) <= set(SETTING_KEYS):
-        raise DefaultModelError(f"the shipped {path} is not a JSON object of {', '.join(SETTING_KEYS)}; reinstall laplace")
+    if not isinstance(values, dict) or not values or not set(values) <= set(SETTING_KEYS + CARD_KEYS):
+        raise DefaultModelError(f"the shipped {path} is not a JSON object of {', '.join(SETTING_KEYS + CARD_KEYS)}; "
+                                "reinstall laplace")
+    if "recall_measured" in values:
+        try:
+            check_measured(values["recall_measured"])
+        except ValueError as exc:
+            raise DefaultModelError(f"the shipped {path} is not usable ({exc}); reinstall laplace") from None
     return values
 
 

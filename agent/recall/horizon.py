@@ -19,16 +19,60 @@ if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
 
 RECALL_FLOOR = 0.9  # a card's measured recall at or above this counts as "still held"
+# A card's measured recall of a detail with the state against full attention in the same run
+# (`recall_measured`): at or above this share of full attention's, the state still holds it.
+RELATIVE_FLOOR = 0.9
+MEASURED_KEYS = ("distances", "state", "full_attention", "trials", "how")
 MEASURE_TOKENS = 512  # small talk read to measure an input-driven mixer's decays
 
 
+def check_measured(m: object) -> dict:
+    """A card's `recall_measured`: {"distances": [384, 512, 1024], "state": [28, 30, 25],
+    "full_attention": [31, 26, 19], "trials": 32, "how": "the command and its JSON"}: the
+    details given back at each distance, refresh off, by the model with its state and by the
+    same weights with full attention, in one run. ValueError naming what is wrong."""
+    if not isinstance(m, dict) or set(m) != set(MEASURED_KEYS):
+        raise ValueError(f"recall_measured must be an object of {', '.join(MEASURED_KEYS)}")
+    n, trials = len(m["distances"]) if isinstance(m["distances"], list) else 0, m["trials"]
+    if not isinstance(trials, int) or trials < 1 or not n or not isinstance(m["how"], str):
+        raise ValueError("recall_measured needs distances, trials >= 1 and how it was measured")
+    for key in ("distances", "state", "full_attention"):
+        v = m[key]
+        if not isinstance(v, list) or len(v) != n or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise ValueError(f"recall_measured: {key} must be {n} whole numbers, one per distance")
+    if sorted(set(m["distances"])) != m["distances"] or m["distances"][0] < 1:
+        raise ValueError("recall_measured: distances must rise from 1 up")
+    if not all(0 <= x <= trials for x in m["state"] + m["full_attention"]):
+        raise ValueError(f"recall_measured: counts must lie in 0..{trials}")
+    return m
+
+
+def horizon_from_measured(m: dict) -> int | None:
+    """The largest measured distance up to which the state gives back at least RELATIVE_FLOOR
+    of what full attention does at every measured distance (`check_measured`'s form); None
+    when it falls short at the first. Past it, the state has lost what full attention keeps,
+    and refresh brings it back; before it, refresh would repeat what the state holds."""
+    good = None
+    for d, state, full in zip(m["distances"], m["state"], m["full_attention"]):
+        if state < RELATIVE_FLOOR * full:
+            break
+        good = d
+    return good
+
+
 def horizon_from_card(card: dict) -> int | None:
-    """The recall horizon a model card records: `recall_horizon` if given, else the largest
-    measured distance up to which held-out recall of a planted detail stays >= 0.9
-    (`heldout_recall_5digit`, "distance:accuracy ..."). None when the card has neither."""
+    """The recall horizon a model card records: `recall_horizon` if given, else the one its
+    measured recall against full attention gives (`recall_measured`, `horizon_from_measured`),
+    else the largest measured distance up to which held-out recall of a planted detail stays
+    >= 0.9 (`heldout_recall_5digit`, "distance:accuracy ..."). None when the card has none."""
     explicit = card.get("recall_horizon")
     if isinstance(explicit, (int, float)) and explicit > 0:
         return int(explicit)
+    if "recall_measured" in card:
+        try:
+            return horizon_from_measured(check_measured(card["recall_measured"]))
+        except (ValueError, TypeError):
+            return None  # a card edited by hand: fall back to the model's own rule
     raw = card.get("heldout_recall_5digit")
     if not isinstance(raw, str):
         return None
@@ -77,6 +121,9 @@ def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
     (the GLA branch's slow decays say nothing of how exactly it recalls)."""
     measured = horizon_from_card(lm.card)
     if measured is not None:
+        if "recall_horizon" not in lm.card and "recall_measured" in lm.card:
+            how = lm.card["recall_measured"]["how"]
+            return measured, f"model card (the state's recall of a detail >= {RELATIVE_FLOOR}x full attention's up to here: {how})"
         return measured, "model card (held-out recall >= 0.9)"
     if lm.config.mixer == "window":
         return lm.config.window // 4, f"a quarter of the {lm.config.window}-token window read exactly"

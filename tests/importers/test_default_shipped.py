@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from agent.cli import app
 from agent.importers import default_model
 from agent.importers.default_model import DefaultModelError, assemble, shipped_changes, update_shipped
+from agent.importers.shipped import describe_shipped
+from agent.recall.horizon import recall_horizon
 from agent.importers.download import sha256_of
 from agent.runtime.checkpoint import load_model_dir
 
@@ -154,10 +156,44 @@ def test_shipped_settings_switch_the_memory_on_and_a_removed_file_switches_it_of
     assert "memory of evicted tokens" not in " ".join(json.loads((built / "config.json").read_text())["card"]["changes"])
 
 
+def test_shipped_measured_recall_goes_into_the_card_and_out_again(tmp_path: Path, wheel_blob: bytes) -> None:
+    """settings.json's `recall_measured` is a card value, not a config field: a build and an
+    update put it in the card (chat's recall horizon reads it), a removed file takes it out,
+    and the weights and config stay as they were."""
+    base = _plain(tmp_path, wheel_blob)
+    shipped = write_shipped(tmp_path / "shipped", base)
+    home = tmp_path / "laplace-home"
+    built = assemble(home / "models", home, teacher=local_teacher(tmp_path, wheel_blob), shipped=shipped)
+    before = load_model_dir(built)
+    measured = {"distances": [64, 128], "state": [9, 8], "full_attention": [9, 8], "trials": 10, "how": "a test"}
+    settings = shipped / default_model.SETTINGS_FILE
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty"}))
+    assert "--rebuild-state" in update_shipped(built, home, shipped=shipped)  # the memory changes the state
+    with_memory = load_model_dir(built)
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty", "recall_measured": measured}))
+    line = update_shipped(built, home, shipped=shipped)
+    assert line is not None and "(settings.json changed)" in line
+    assert "saved sessions resume as they are (only the model card changed)" in line  # the same config and weights
+    after = load_model_dir(built)
+    assert after.card["recall_measured"] == measured and after.config.memory_slots == 5
+    assert recall_horizon(after)[0] == 128 and recall_horizon(before)[0] == before.config.window // 4
+    assert after.fingerprint == with_memory.fingerprint
+    card = json.loads((built / "config.json").read_text())["card"]
+    assert card["shipped"][-1]["was"] == {"memory_slots": 0, "memory_policy": "recall", "recall_measured": None}
+    assert "recall_measured (card)" in describe_shipped(card["shipped"])
+    fresh = assemble(tmp_path / "fresh" / "models", tmp_path / "fresh", teacher=local_teacher(tmp_path, wheel_blob), shipped=shipped)
+    assert json.loads((fresh / "config.json").read_text()) == json.loads((built / "config.json").read_text())
+    settings.unlink()
+    assert update_shipped(built, home, shipped=shipped) is not None
+    gone = load_model_dir(built)
+    assert "recall_measured" not in gone.card and gone.config.memory_slots == 0 and gone.fingerprint == before.fingerprint
+
+
 @pytest.mark.parametrize("text, why", [("[224]", "not a JSON object of memory_slots, memory_policy"),
                                        ('{"memory_slots": 4, "rope_theta": 1}', "not a JSON object of"),
                                        ('{"memory_slots": -4}', "does not fit the model"),
-                                       ("{not json", "is unreadable")])
+                                       ("{not json", "is unreadable"),
+                                       ('{"recall_measured": {"distances": [64]}}', "recall_measured must be an object of")])
 def test_bad_shipped_settings_are_one_line_and_the_model_is_kept(tmp_path: Path, wheel_blob: bytes, text: str, why: str) -> None:
     base = _plain(tmp_path, wheel_blob)
     shipped = write_shipped(tmp_path / "shipped", base)
