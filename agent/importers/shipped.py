@@ -87,7 +87,7 @@ def read_settings(path: Path) -> dict[str, Any]:
     """The shipped settings file: a JSON object whose keys are among SETTING_KEYS (each value
     is checked by the config it goes into) and CARD_KEYS (checked here). DefaultModelError,
     naming the file, otherwise."""
-    from agent.recall.horizon import check_measured  # torch-free
+    from agent.runtime.card import check_measured  # torch-free
 
     try:
         values = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -178,6 +178,8 @@ def test_shipped_measured_recall_goes_into_the_card_and_out_again(tmp_path: Path
     assert after.card["recall_measured"] == measured and after.config.memory_slots == 5
     assert recall_horizon(after)[0] == 128 and recall_horizon(before)[0] == before.config.window // 4
     assert after.fingerprint == with_memory.fingerprint
+    shown = CliRunner().invoke(app, ["info", "-m", str(built)])
+    assert "recall       refresh folds back turns that ended over 128 tokens ago (the model card's measured recall)" in shown.stdout
     card = json.loads((built / "config.json").read_text())["card"]
     assert card["shipped"][-1]["was"] == {"memory_slots": 0, "memory_policy": "recall", "recall_measured": None}
     assert "recall_measured (card)" in describe_shipped(card["shipped"])

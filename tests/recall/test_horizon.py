@@ -74,3 +74,12 @@ def test_a_window_hybrid_refreshes_what_leaves_a_quarter_of_its_window() -> None
     assert tokens == 64 and "256-token window" in source
     lm.card = {"recall_horizon": 900}  # a measured card (a trained branch) wins
     assert recall_horizon(lm)[0] == 900  # type: ignore[arg-type]
+
+
+def test_the_default_model_ships_the_recall_it_was_measured_to_keep() -> None:
+    """agent/models/smollm2/settings.json puts `recall_measured` into the default's card; its
+    horizon is the one docs/recall-refresh.md gives (1,024 tokens)."""
+    from agent.importers.shipped import SETTINGS_FILE, SHIPPED, read_settings
+
+    measured = read_settings(SHIPPED / SETTINGS_FILE)["recall_measured"]
+    assert horizon_from_measured(check_measured(measured)) == 1024
