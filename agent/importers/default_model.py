@@ -303,7 +303,8 @@ def update_shipped(model_dir: Path, work_dir: Path, *, shipped: Optional[Path] =
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)  # gone already once swapped in
     # A saved state is bound to the weights and the config (the fingerprint), not the card.
-    weights_changed = any(part.split(" ")[0] != SETTINGS_FILE for part in change.split(", "))  # "FILE added" ...
+    weights_changed = ({(r["file"], r["sha256"]) for r in records if r["format"] != SETTINGS_FORMAT}
+                       != {(a.file, a.sha256) for a in applied if a.fmt != SETTINGS_FORMAT})
     states = ("sessions saved before resume with --rebuild-state" if weights_changed or loaded.model.config != config_before
               else "saved sessions resume as they are (only the model card changed)")
     return f"default model: applied the shipped parameters of laplace {__version__} ({change}); was: {was}; {states}"

@@ -14,7 +14,7 @@ import random
 from typing import TYPE_CHECKING
 
 from agent.recall.smalltalk import chat_ids
-from agent.runtime.card import check_measured  # noqa: F401  (torch-free; the card's form, read here)
+from agent.runtime.card import check_measured  # torch-free
 
 if TYPE_CHECKING:
     from agent.runtime.checkpoint import LoadedModel
