@@ -333,3 +333,20 @@ SMALL_TALK: tuple[tuple[str, str], ...] = (
     ("What's the capital of France?", "The capital of France is Paris."),
     ("Good morning!", "Good morning! What can I do for you today?"),
 )
+
+# Words of the made-up chat in the "long" kind's gaps (recipes/answer/mix.py `chatter`): it
+# names everyday things, colors and people the way a long conversation does, and states no
+# detail of the user's, so a later question that uses one of its words ("What color is my
+# backpack?") was still never answered. The nouns are the training concepts' own; none is a
+# probe's key word or value (tests check it).
+CHATTER_TOPICS = ("the weekend", "a recipe", "the garden", "a trip", "the budget", "a novel", "the schedule", "a repair",
+                  "the weather", "a board game", "the news", "a podcast")
+CHATTER_NOUNS = ("bike", "umbrella", "platform", "table", "house", "shoe", "boat", "backpack", "mailbox", "gate", "kitchen",
+                 "garden", "lamp", "bench", "kettle", "ladder", "bridge", "river", "basket", "clock", "window", "shelf")
+CHATTER_ADJECTIVES = ("old", "new", "small", "big", "quiet", "busy", "shiny", "wooden", "broken", "tall", "cozy", "dusty")
+CHATTER_VERBS = ("leans on", "sits by", "faces", "blocks", "covers", "stands near", "hides", "passes")
+CHATTER_ASKS = ("{name} here. Can you tell me something about {topic}?", "What do you think about {topic}?",
+                "My friend {name} keeps talking about {topic}.", "Random thought: {sentence}",
+                "Quick question about {topic}, nothing urgent.", "I read something odd today: {sentence}")
+CHATTER_REPLIES = ("Sure. {sentence} {sentence}", "Interesting! {sentence}", "Happy to chat about {topic}. {sentence}",
+                   "Ha, that's a fun one. {sentence} {sentence}", "Good question. {sentence}")

@@ -15,6 +15,15 @@ Kinds of dialogue (`KIND_SHARES`):
   earlier turns (the real rule and formatter, imported), as a `document` turn.
 - "update": a detail stated, small talk, then superseded by a later statement; the answer is
   the later value (in the window, or through the block when `recall` applies as well).
+- "long" (only with `--long-share`): as "window", but `--long-gap` (300-1,500) tokens of chat
+  pass before the questions, so the statements have left the 256-token window: the model
+  answers from its memory of evicted tokens, or, for a statement that ended more than
+  `--horizon` tokens ago, from the recall block chat folds then (the real rule over the real
+  turns, as in "recall"). Half the questions ask for a detail never given. The chat is small
+  talk, anchors' exchanges and made-up `chatter` that names everyday things, colors and people
+  and states nothing, so a word of the question met in the chat is not an answer (in the
+  probe's refresh-on conversations, whose filler names lockers and colors, "Which locker is
+  mine?" got "You said you live in the locker."). Each fits one row of `--seq-len 2048`.
 - "anchor": an everyday request (recipes/answer/requests.py) answered in the teacher's own
   words (recipes/answer/teacher.py), after a stated detail; about a third of the requests
   mention the user's own things and ask for something new. `FRESH_ANCHOR_SHARE` of them are
@@ -43,14 +52,19 @@ from typing import Any, Sequence
 
 from agent.probes.natural_text import make_value, mentions, say
 from agent.recall.rule import BLOCK_ROLE, Candidate, render, select
-from recipes.answer.concepts import ACKS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept
+from recipes.answer.concepts import (ACKS, CHATTER_ADJECTIVES, CHATTER_ASKS, CHATTER_NOUNS, CHATTER_REPLIES, CHATTER_TOPICS,
+                                     CHATTER_VERBS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept)
 from recipes.answer.dialogues import read_anchors
 
 CHARS_PER_TOKEN = 4
 GAP_TOKENS = (0, 200)  # small talk between the last statement and the first question ("window" kind)
 WINDOW_REACH = 220  # a statement asked about in the window kinds starts at most this many tokens before the question (window 256)
 MAX_TOKENS = 480  # a dialogue fits one row of --seq-len 512 (--pack rows)
-KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14}  # drawn; rejections shift the kept shares a little
+KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14, "long": 0.0}  # drawn; rejections shift the kept shares a little
+LONG_GAP = (300, 1_500)  # "long" kind: tokens of chat between the last statement and the first question
+LONG_MAX_TOKENS = 1_950  # a long dialogue fits one row of --seq-len 2048
+LONG_NOT_TOLD_SHARE = 0.5
+HORIZON = 1_024  # the default's recall horizon (settings.json's recall_measured): older turns come back in a block
 NOT_TOLD_SHARE = 0.33
 FRESH_ANCHOR_SHARE = 0.4  # of the anchor dialogues: a fresh chat with requests only, nothing stated
 TEXT_CHARS = 560  # a plain-text record: about 130 tokens of the Python reference's prose
@@ -116,6 +130,79 @@ class _Talk:
         return out
 
 
+def _sentence(rng: random.Random) -> str:
+    n1, n2 = rng.sample(CHATTER_NOUNS, 2)
+    adj = rng.choice((*CHATTER_ADJECTIVES, *TRAIN_VALUES["color"]))
+    if rng.random() < 0.25:
+        adj = f"{adj} number {rng.randint(2, 99)}"
+    return f"The {adj} {n1} {rng.choice(CHATTER_VERBS)} the {n2}."
+
+
+def chatter(rng: random.Random) -> tuple[str, str]:
+    """A made-up (user, assistant) exchange that names things, colors, numbers and people and
+    states no detail of the user's."""
+    fill = {"name": rng.choice(TRAIN_VALUES["person"]), "topic": rng.choice(CHATTER_TOPICS)}
+    user = rng.choice(CHATTER_ASKS).format(sentence=_sentence(rng), **fill)
+    reply = rng.choice(CHATTER_REPLIES)
+    while "{sentence}" in reply:
+        reply = reply.replace("{sentence}", _sentence(rng), 1)
+    return user, reply.format(**fill)
+
+
+def _long_chat(rng: random.Random, talk: _Talk, anchors: Sequence[tuple[str, str]], target: int,
+               avoid: Sequence[str]) -> list[Message]:
+    """About `target` tokens of chat (weight 0): small talk while it lasts, anchors' exchanges
+    and `chatter`, none naming a value in `avoid` (the details stated)."""
+    out: list[Message] = []
+    while size(out) < target:
+        r = rng.random()
+        if r < 0.2 and talk.pool:
+            out += talk.turns(1)
+            continue
+        u, a = rng.choice(anchors) if r < 0.45 and anchors else chatter(rng)
+        if any(mentions(u + " " + a, v) for v in avoid):
+            continue
+        out += [{"role": "user", "content": u}, {"role": "assistant", "content": a, "weight": 0}]
+    return out
+
+
+def _long(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]], near: float,
+          gap: tuple[int, int], horizon: int) -> list[Message] | None:
+    """A "long" dialogue (see the module docstring); None when a block would not hold an
+    answer the reply gives."""
+    talk = _Talk(rng)
+    msgs: list[Message] = [{"role": "system", "content": ""}]
+    taken: set[str] = set()
+    stated = _pick(rng, concepts, rng.choice((1, 2, 2, 3)))
+    facts = {c.name: (c, _value(rng, c.kind, taken)) for c in stated}
+    msgs += talk.turns(rng.choice((0, 1)))
+    values = [v for _, v in facts.values()]
+    for c, v in facts.values():
+        msgs += [{"role": "user", "content": say(rng.choice(c.statements), v)},
+                 {"role": "assistant", "content": rng.choice(ACKS), "weight": 0}]
+        msgs += _long_chat(rng, talk, anchors, rng.choice((0, 0, 40)), values)
+    msgs += _long_chat(rng, talk, anchors, rng.randint(*gap), values)
+    for c, v in _questions(rng, concepts, facts, LONG_NOT_TOLD_SHARE, near)[:2]:
+        q = rng.choice(c.questions)
+        # The turns chat would consider for a block: every earlier message but the system's,
+        # with how many tokens ago it ended.
+        cands, ago = [], 0
+        for i in range(len(msgs) - 1, 0, -1):
+            if msgs[i]["role"] in ("user", "assistant"):
+                cands.append(Candidate(i, msgs[i]["role"], msgs[i]["content"], ago))
+            ago += tokens(msgs[i]["content"]) + 4
+        chosen = select(q, cands, horizon=horizon, budget=BLOCK_BUDGET, count=tokens)
+        block = render(chosen) if chosen else ""
+        if v is not None:
+            said_at = max(cd.distance for cd in cands if cd.role == "user" and mentions(cd.text, v))
+            if said_at > horizon and not mentions(block, v):
+                return None  # past the horizon the block is the only way back, and it did not bring it
+        if block:
+            msgs.append({"role": BLOCK_ROLE, "content": block})
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": _answer(rng, c, v)}]
+    return msgs
+
+
 def _questions(rng: random.Random, concepts: Sequence[TrainConcept], facts: dict[str, tuple[TrainConcept, str]],
                not_told: float, near: float) -> list[tuple[TrainConcept, str | None]]:
     """One to three (concept, value or None for never given) to ask."""
@@ -149,10 +236,12 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
 
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
-             anchor_details: int = 1) -> list[Message] | None:
-    """One dialogue of `kind` ("window", "recall", "update" or "anchor"); None when a recall
+             anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON) -> list[Message] | None:
+    """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request."""
+    if kind == "long":
+        return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
     msgs: list[Message] = [{"role": "system", "content": ""}]
     taken: set[str] = set()
@@ -227,20 +316,22 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
-              gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1) -> list[tuple[str, list[Message]]]:
-    """`n` (kind, dialogue) pairs within `MAX_TOKENS` (longer draws are drawn again); no
-    "anchor" kind without anchors."""
+              gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
+              horizon: int = HORIZON) -> list[tuple[str, list[Message]]]:
+    """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
+    draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
     shares = dict(shares or KIND_SHARES)
     if not anchors:
         shares.pop("anchor", None)
+    shares = {k: w for k, w in shares.items() if w > 0}
     kinds, weights = list(shares), list(shares.values())
     out: list[tuple[str, list[Message]]] = []
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
-                        anchor_details=anchor_details)
-        if msgs is not None and size(msgs) <= MAX_TOKENS:
+                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon)
+        if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
 
@@ -325,6 +416,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-share", type=float, default=KIND_SHARES["window"], help="share of window dialogues")
     ap.add_argument("--gap", default=f"{GAP_TOKENS[0]},{GAP_TOKENS[1]}", metavar="LO,HI",
                     help=f"tokens of small talk between the statements and the first question in window dialogues (default {GAP_TOKENS[0]},{GAP_TOKENS[1]})")
+    ap.add_argument("--long-share", type=float, default=KIND_SHARES["long"],
+                    help="share of long dialogues, whose statements have left the window (default 0; train them with --seq-len 2048)")
+    ap.add_argument("--long-gap", default=f"{LONG_GAP[0]},{LONG_GAP[1]}", metavar="LO,HI",
+                    help=f"tokens of chat before the questions of long dialogues (default {LONG_GAP[0]},{LONG_GAP[1]})")
+    ap.add_argument("--horizon", type=int, default=HORIZON,
+                    help=f"long dialogues: statements older than this many tokens come back in a recall block (default {HORIZON}, the default model's)")
     ap.add_argument("--anchor-details", type=int, default=1, metavar="K",
                     help="an anchor that is not a fresh chat states 1 to K details before its request (default 1)")
     a = ap.parse_args(argv)
@@ -336,10 +433,18 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--gap {a.gap!r}: give LO,HI in tokens with 0 <= LO <= HI <= {WINDOW_REACH}, e.g. --gap 60,200")
-    shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share}
+    try:
+        llo, lhi = (int(x) for x in a.long_gap.split(","))
+        if not WINDOW_REACH < llo <= lhi <= LONG_GAP[1]:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--long-gap {a.long_gap!r}: give LO,HI in tokens with {WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}, e.g. --long-gap 300,1500")
+    if a.horizon < 0:
+        ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
+    shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
-                           gap=(lo, hi), anchor_details=a.anchor_details)))
+                           gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon)))
 
 
 if __name__ == "__main__":

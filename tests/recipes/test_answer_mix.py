@@ -16,7 +16,7 @@ from agent.probes.natural_text import HELDOUT_VALUES, mentions, says_not_told
 from agent.recall.rule import BLOCK_ROLE, HEADER
 from recipes.answer.concepts import CONCEPTS, TRAIN_CONCEPTS, TRAIN_VALUES
 from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
-from recipes.answer.mix import GAP_TOKENS, MAX_TOKENS, dialogues, size, write
+from recipes.answer.mix import GAP_TOKENS, KIND_SHARES, MAX_TOKENS, dialogues, size, write
 from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS, claims_user_said
 
 ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds warm and fresh."),
@@ -59,7 +59,7 @@ def test_the_second_held_out_set_shares_nothing_with_training_or_the_probe() -> 
 
 
 def test_generated_training_text_holds_no_held_out_phrasing_or_value(tmp_path: Path) -> None:
-    write(tmp_path, train=400, eval_n=20, seed=5, anchors=ANCHORS)
+    write(tmp_path, train=400, eval_n=20, seed=5, anchors=ANCHORS, shares={**KIND_SHARES, "long": 0.3})
     rows = [json.loads(x)["messages"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
     msgs = {m["content"] for r in rows for m in r}
     text = " ".join(msgs).lower()
@@ -78,11 +78,14 @@ def test_generated_training_text_holds_no_held_out_phrasing_or_value(tmp_path: P
     from recipes.answer.concepts import SMALL_TALK
     fixed = " ".join(p for c in CONCEPTS for p in (*c.statements, *c.questions, *c.answers, *c.not_told))
     fixed += " ".join(a + " " + b for a, b in SMALL_TALK) + " ".join(ANCHOR_REQUESTS)
+    from recipes.answer import concepts
+    fixed += " ".join(w for name in dir(concepts) if name.startswith("CHATTER_") for w in getattr(concepts, name))
+    assert not {c.key for c in PROBE_CONCEPTS} & _words(" ".join(concepts.CHATTER_NOUNS))  # no probe key word in the chat
     from recipes.answer.mix import held_out_words
     assert not held_out_words() & _words(fixed)  # no held-out value in any fixed training text either
     stats = json.loads((tmp_path / "stats.json").read_text())
-    assert set(stats["train"]["kinds"]) == {"window", "recall", "update", "anchor"}
-    assert set(stats["eval"]["kinds"]) <= {"window", "recall", "update"}
+    assert set(stats["train"]["kinds"]) == {"window", "recall", "update", "anchor", "long"}
+    assert set(stats["eval"]["kinds"]) <= {"window", "recall", "update", "long"}
 
 
 def test_text_records_and_fresh_anchors_join_the_training_file(tmp_path: Path) -> None:
@@ -205,6 +208,46 @@ def test_every_reply_matches_what_was_said_or_recalled() -> None:
     share = total_not_told / (total_answers + total_not_told)
     assert 0.2 < share < 0.45, share  # about a third never given
     assert max(gaps) <= 256 and min(gaps) < 40 and sum(g > 150 for g in gaps) > 10  # inside the window, 0-200 tokens back
+
+
+def test_long_dialogues_ask_past_the_window_and_past_the_horizon_through_the_block() -> None:
+    from recipes.answer.concepts import CHATTER_NOUNS
+    from recipes.answer.mix import HORIZON, LONG_MAX_TOKENS
+
+    rows = dialogues(150, 6, TRAIN_CONCEPTS, ANCHORS, shares={"long": 1.0})
+    assert {k for k, _ in rows} == {"long"}
+    answers = not_told = blocks = past_horizon = 0
+    gaps: list[int] = []
+    for _, msgs in rows:
+        assert size(msgs) <= LONG_MAX_TOKENS and msgs[0] == {"role": "system", "content": ""}
+        a, n, g = _check_dialogue("long", msgs)  # every reply right about what was said or recalled
+        answers, not_told, gaps = answers + a, not_told + n, gaps + g
+        questions = {q for c in TRAIN_CONCEPTS for q in c.questions}
+        for prev, m in zip(msgs, msgs[1:]):  # only answers are trained: the chat around them is context
+            if m["role"] == "assistant":
+                assert (m.get("weight", 1) == 1) == (prev["content"] in questions), (prev, m)
+        for i, m in enumerate(msgs):
+            if m["role"] == BLOCK_ROLE:
+                blocks += 1
+                assert msgs[i + 1]["role"] == "user"  # folded right before the question it was chosen for
+        for g_ in g:
+            past_horizon += g_ > HORIZON
+    share = not_told / (answers + not_told)
+    assert 0.35 < share < 0.65, share  # about half never given
+    assert min(gaps) > 256 and past_horizon > 5 and blocks > 20, (min(gaps), past_horizon, blocks)  # past the window; some past the horizon
+    text = " ".join(m["content"] for _, msgs in rows for m in msgs).lower()
+    assert sum(f" {n} " in text for n in CHATTER_NOUNS) > 10  # the chat names everyday things a question may use
+
+
+def test_long_dialogues_are_off_unless_asked_and_the_option_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import main
+
+    assert "long" not in {k for k, _ in dialogues(300, 2, TRAIN_CONCEPTS, ANCHORS)}  # older mixes draw as before
+    for bad in ("100,500", "600,400", "300,9000"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(tmp_path / "x"), "--long-share", "0.3", "--long-gap", bad])
+        assert exc.value.code == 2 and f"--long-gap {bad!r}" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_updates_answer_the_later_value() -> None:
