@@ -96,13 +96,13 @@ def info(
         else "half-lives   set by the input (a Mamba-2 mixer has no schedule); laplace probe measures them",
         f"device       {data['device']}",
     ]
-    from agent.recall.horizon import horizon_from_card  # torch-free
+    from agent.recall.horizon import horizon_from_card, window_horizon  # torch-free
 
     horizon = horizon_from_card(data.get("card") or {})
     if horizon is not None:
         lines.append(f"recall       refresh folds back turns that ended over {horizon:,} tokens ago (the model card's measured recall)")
     elif c.get("mixer") == "window":
-        lines.append(f"recall       refresh folds back turns that ended over {c['window'] // 4:,} tokens ago (a quarter of the window)")
+        lines.append(f"recall       refresh folds back turns that ended over {window_horizon(c['window']):,} tokens ago (a quarter of the window)")
     if data.get("fingerprint"):
         lines.append(f"fingerprint  {data['fingerprint'][:16]}")
     card = dict(data.get("card") or {})

@@ -39,6 +39,13 @@ def horizon_from_measured(m: dict) -> int | None:
     return good
 
 
+def window_horizon(window: int) -> int:
+    """A window hybrid's horizon without a measured card: a quarter of its window, so that
+    what a recall block and the question push along is still inside the window when the
+    answer is written (`recall_horizon`)."""
+    return window // 4
+
+
 def horizon_from_card(card: dict) -> int | None:
     """The recall horizon a model card records: `recall_horizon` if given, else the one its
     measured recall against full attention gives (`recall_measured`, `horizon_from_measured`),
@@ -105,7 +112,7 @@ def recall_horizon(lm: LoadedModel) -> tuple[int, str]:
             return measured, f"model card (the state's recall of a detail >= {RELATIVE_FLOOR}x full attention's up to here: {how})"
         return measured, "model card (held-out recall >= 0.9)"
     if lm.config.mixer == "window":
-        return lm.config.window // 4, f"a quarter of the {lm.config.window}-token window read exactly"
+        return window_horizon(lm.config.window), f"a quarter of the {lm.config.window}-token window read exactly"
     half, basis = model_half_lives(lm)
     slowest = max((x for row in half for x in row if math.isfinite(x)), default=0.0)
     return int(slowest / 2), f"half the slowest head's half-life ({basis})"
