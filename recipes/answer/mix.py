@@ -166,6 +166,12 @@ def _long_chat(rng: random.Random, talk: _Talk, anchors: Sequence[tuple[str, str
     return out
 
 
+def _block(question: str, cands: Sequence[Candidate], horizon: int) -> str:
+    """The recall block chat folds before `question` (the real rule and formatter), or ""."""
+    chosen = select(question, cands, horizon=horizon, budget=BLOCK_BUDGET, count=tokens)
+    return render(chosen) if chosen else ""
+
+
 def _long(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]], near: float,
           gap: tuple[int, int], horizon: int) -> list[Message] | None:
     """A "long" dialogue (see the module docstring); None when a block would not hold an
@@ -191,8 +197,7 @@ def _long(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequenc
             if msgs[i]["role"] in ("user", "assistant"):
                 cands.append(Candidate(i, msgs[i]["role"], msgs[i]["content"], ago))
             ago += tokens(msgs[i]["content"]) + 4
-        chosen = select(q, cands, horizon=horizon, budget=BLOCK_BUDGET, count=tokens)
-        block = render(chosen) if chosen else ""
+        block = _block(q, cands, horizon)
         if v is not None:
             said_at = max(cd.distance for cd in cands if cd.role == "user" and mentions(cd.text, v))
             if said_at > horizon and not mentions(block, v):
@@ -282,8 +287,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         msgs += talk.turns(rng.choice((0, 1, 2)))
         for c, v in asks:
             q = rng.choice(c.questions)
-            chosen = select(q, cands, horizon=0, budget=BLOCK_BUDGET, count=tokens)
-            block = render(chosen) if chosen else ""
+            block = _block(q, cands, 0)
             if (v is not None and not mentions(block, v)) or (old is not None and mentions(block, old) and not _after(block, old, new)):
                 # The rule did not bring the answer back, or brought back a superseded value
                 # without its update: no reply could be right. Draw again.
