@@ -31,6 +31,10 @@ Kinds of dialogue (`KIND_SHARES`):
   said is answered, never "not told").
 - `--gap LO,HI` and `--window-share`: longer small talk before the question, and more
   window dialogues (run 3b's continuation: 60-200 tokens, the far end of the window).
+  `--gap-chatter P`: a share P of the window and update dialogues fill that gap with
+  `chatter` (and small talk), whose names, colors and numbers are distractors of the
+  details' own kinds (at 128 tokens the probe's misses gave a name, a number or a color from
+  the conversation's other lines instead of the user's).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 
@@ -241,10 +245,13 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
 
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
-             anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON) -> list[Message] | None:
+             anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
+             gap_chatter: float = 0.0) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
-    is not a fresh chat states 1 to `anchor_details` details before its everyday request."""
+    is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
+    share `gap_chatter` of the window and update dialogues fill their gap with `chatter` and
+    small talk instead of small talk alone (0 draws exactly as before)."""
     if kind == "long":
         return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
@@ -308,6 +315,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         req, reply = rng.choice(anchors)
         msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
         asks = asks[:1]
+    elif gap_chatter and rng.random() < gap_chatter:
+        msgs += _long_chat(rng, talk, (), rng.randint(*gap), [v for _, v, _ in said])
     else:
         msgs += talk.gap(rng.randint(*gap))
     for c, v in asks:
@@ -321,7 +330,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
-              horizon: int = HORIZON) -> list[tuple[str, list[Message]]]:
+              horizon: int = HORIZON, gap_chatter: float = 0.0) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -334,7 +343,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
-                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon)
+                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -426,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"tokens of chat before the questions of long dialogues (default {LONG_GAP[0]},{LONG_GAP[1]})")
     ap.add_argument("--horizon", type=int, default=HORIZON,
                     help=f"long dialogues: statements older than this many tokens come back in a recall block (default {HORIZON}, the default model's)")
+    ap.add_argument("--gap-chatter", type=float, default=0.0, metavar="P",
+                    help="share of window and update dialogues whose gap is made-up chatter that names things, colors, "
+                         "numbers and people, with small talk, instead of small talk alone (default 0)")
     ap.add_argument("--anchor-details", type=int, default=1, metavar="K",
                     help="an anchor that is not a fresh chat states 1 to K details before its request (default 1)")
     a = ap.parse_args(argv)
@@ -443,12 +455,15 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--long-gap {a.long_gap!r}: give LO,HI in tokens with {WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}, e.g. --long-gap 300,1500")
+    if not 0 <= a.gap_chatter <= 1:
+        ap.error(f"--gap-chatter {a.gap_chatter}: give a share from 0 to 1")
     if a.horizon < 0:
         ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
-                           gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon)))
+                           gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
+                           gap_chatter=a.gap_chatter)))
 
 
 if __name__ == "__main__":

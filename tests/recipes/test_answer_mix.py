@@ -250,6 +250,29 @@ def test_long_dialogues_are_off_unless_asked_and_the_option_is_checked(tmp_path:
     assert not (tmp_path / "x").exists()
 
 
+def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.concepts import CHATTER_NOUNS
+    from recipes.answer.mix import main
+
+    plain = dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0})
+    assert plain == dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0}, gap_chatter=0.0)  # 0 draws as before
+    rows = dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=1.0, gap=(64, 200))
+    with_chatter = 0
+    for kind, msgs in rows:
+        assert size(msgs) <= MAX_TOKENS
+        _check_dialogue(kind, msgs)  # every reply right about what was said, whatever the chatter named
+        chat = " ".join(m["content"] for m in msgs if m.get("weight") == 0 or m["role"] == "user").lower()
+        with_chatter += any(f" {n} " in chat for n in CHATTER_NOUNS)
+        for prev, m in zip(msgs, msgs[1:]):  # the chatter is context, never a target
+            if m["role"] == "assistant" and m.get("weight", 1) == 1:
+                assert prev["content"] in {q for c in TRAIN_CONCEPTS for q in c.questions} or kind == "anchor", (prev, m)
+    assert with_chatter > 150, with_chatter
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--gap-chatter", "1.5"])
+    assert exc.value.code == 2 and "--gap-chatter 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_updates_answer_the_later_value() -> None:
     seen = 0
     for kind, msgs in dialogues(300, 8, TRAIN_CONCEPTS):
