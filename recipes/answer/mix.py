@@ -413,6 +413,19 @@ def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tu
     return stats
 
 
+def _span(ap: argparse.ArgumentParser, option: str, text: str, least: int, most: int, rule: str,
+          example: str) -> tuple[int, int]:
+    """`text` as LO,HI tokens with least <= LO <= HI <= most; otherwise the parser's error
+    (exit 2) naming `option`, the `rule` and an `example`."""
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+        if least <= lo <= hi <= most:
+            return lo, hi
+    except ValueError:
+        pass
+    ap.error(f"{option} {text!r}: give LO,HI in tokens with {rule}, e.g. {option} {example}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -443,18 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if not 1 <= a.anchor_details <= 4:
         ap.error(f"--anchor-details {a.anchor_details}: give 1 to 4")
-    try:
-        lo, hi = (int(x) for x in a.gap.split(","))
-        if not 0 <= lo <= hi <= WINDOW_REACH:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--gap {a.gap!r}: give LO,HI in tokens with 0 <= LO <= HI <= {WINDOW_REACH}, e.g. --gap 60,200")
-    try:
-        llo, lhi = (int(x) for x in a.long_gap.split(","))
-        if not WINDOW_REACH < llo <= lhi <= LONG_GAP[1]:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--long-gap {a.long_gap!r}: give LO,HI in tokens with {WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}, e.g. --long-gap 300,1500")
+    lo, hi = _span(ap, "--gap", a.gap, 0, WINDOW_REACH, f"0 <= LO <= HI <= {WINDOW_REACH}", "60,200")
+    llo, lhi = _span(ap, "--long-gap", a.long_gap, WINDOW_REACH + 1, LONG_GAP[1],
+                     f"{WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}", "300,1500")
     if not 0 <= a.gap_chatter <= 1:
         ap.error(f"--gap-chatter {a.gap_chatter}: give a share from 0 to 1")
     if a.horizon < 0:

@@ -210,6 +210,15 @@ def test_every_reply_matches_what_was_said_or_recalled() -> None:
     assert max(gaps) <= 256 and min(gaps) < 40 and sum(g > 150 for g in gaps) > 10  # inside the window, 0-200 tokens back
 
 
+def _only_answers_trained(msgs: list[dict]) -> None:
+    """An assistant turn is a target exactly when it answers a question; the chat around it
+    (acknowledgements, small talk, chatter) carries weight 0."""
+    questions = {q for c in TRAIN_CONCEPTS for q in c.questions}
+    for prev, m in zip(msgs, msgs[1:]):
+        if m["role"] == "assistant":
+            assert (m.get("weight", 1) == 1) == (prev["content"] in questions), (prev, m)
+
+
 def test_long_dialogues_ask_past_the_window_and_past_the_horizon_through_the_block() -> None:
     from recipes.answer.concepts import CHATTER_NOUNS
     from recipes.answer.mix import HORIZON, LONG_MAX_TOKENS
@@ -222,10 +231,7 @@ def test_long_dialogues_ask_past_the_window_and_past_the_horizon_through_the_blo
         assert size(msgs) <= LONG_MAX_TOKENS and msgs[0] == {"role": "system", "content": ""}
         a, n, g = _check_dialogue("long", msgs)  # every reply right about what was said or recalled
         answers, not_told, gaps = answers + a, not_told + n, gaps + g
-        questions = {q for c in TRAIN_CONCEPTS for q in c.questions}
-        for prev, m in zip(msgs, msgs[1:]):  # only answers are trained: the chat around them is context
-            if m["role"] == "assistant":
-                assert (m.get("weight", 1) == 1) == (prev["content"] in questions), (prev, m)
+        _only_answers_trained(msgs)
         for i, m in enumerate(msgs):
             if m["role"] == BLOCK_ROLE:
                 blocks += 1
@@ -263,9 +269,7 @@ def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(
         _check_dialogue(kind, msgs)  # every reply right about what was said, whatever the chatter named
         chat = " ".join(m["content"] for m in msgs if m.get("weight") == 0 or m["role"] == "user").lower()
         with_chatter += any(f" {n} " in chat for n in CHATTER_NOUNS)
-        for prev, m in zip(msgs, msgs[1:]):  # the chatter is context, never a target
-            if m["role"] == "assistant" and m.get("weight", 1) == 1:
-                assert prev["content"] in {q for c in TRAIN_CONCEPTS for q in c.questions} or kind == "anchor", (prev, m)
+        _only_answers_trained(msgs)  # the chatter is context, never a target
     assert with_chatter > 150, with_chatter
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "x"), "--gap-chatter", "1.5"])
