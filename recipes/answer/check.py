@@ -10,6 +10,10 @@ Over-refused: the share of those replies that say "you haven't told me" to a pla
 Invented: the share of replies to `PROMPTS`, each asked in a fresh chat, that claim the user
 said or told something (`requests.claims_user_said`): with nothing said before, every such
 claim is made up (issue 36's floor: at most 2%).
+Social: the same two scores, apart, over `requests.HELDOUT_SOCIAL` (32 greetings, thanks,
+goodbyes, questions about the assistant, a word about the user's mood; held out like
+`PROMPTS`), where "What's your name?" answered "You haven't told me your name" is as wrong
+as an invented "you said".
 Chat: `PROMPTS` (none of them in the training dialogues) answered greedily by the base
 model; the loss of those same replies under the tuned model says how far it drifted from
 the base model's own words (the base's loss on its greedy replies is low by construction,
@@ -31,7 +35,7 @@ from agent.probes.engine import greedy_rows
 from agent.probes.natural_text import says_not_told
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
-from recipes.answer.requests import HELDOUT_REQUESTS, claims_user_said
+from recipes.answer.requests import HELDOUT_REQUESTS, HELDOUT_SOCIAL, claims_user_said
 from recipes.smollm2_hybrid.text import stdlib_text
 
 PROMPTS = HELDOUT_REQUESTS  # 64 everyday requests, never anchors (recipes/answer/requests.py)
@@ -45,9 +49,9 @@ def _prefix(lm: LoadedModel, prompt: str) -> list[int]:
 
 
 @torch.inference_mode()
-def replies(lm: LoadedModel) -> list[list[int]]:
+def replies(lm: LoadedModel, requests: tuple[str, ...] = PROMPTS) -> list[list[int]]:
     model = lm.model.eval()
-    prompts = [_prefix(lm, p) for p in PROMPTS]
+    prompts = [_prefix(lm, p) for p in requests]
     return greedy_rows(model, model.new_state(len(prompts)), prompts, REPLY_TOKENS, lm.template.stop_ids(lm.tokenizer))
 
 
@@ -86,6 +90,24 @@ def losses(lm: LoadedModel, chats: list[tuple[list[int], list[int]]], text: list
     return out
 
 
+def scored(lm: LoadedModel, requests: tuple[str, ...], base: list[list[int]], tuned: list[list[int]]) -> list[dict[str, Any]]:
+    """Both models' replies side by side, each marked invented ("you said ...") or not told."""
+    dec = lm.tokenizer.decode
+    out = []
+    for p, b, t in zip(requests, base, tuned):
+        s: dict[str, Any] = {"prompt": p, "base": dec(b), "tuned": dec(t)}
+        for who in ("base", "tuned"):
+            s[who + "_invented"], s[who + "_not_told"] = claims_user_said(s[who]), says_not_told(s[who])
+        out.append(s)
+    return out
+
+
+def shares(samples: list[dict[str, Any]], who: str) -> dict[str, float]:
+    """Invented and over-refused ("you haven't told me" to a plain request) as shares of `samples`."""
+    return {"invented": sum(s[who + "_invented"] for s in samples) / len(samples),
+            "over_refused": sum(s[who + "_not_told"] for s in samples) / len(samples)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True, help="base model directory")
@@ -100,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
     gpl_text = license_text()
     gpl = lm.tokenizer.encode(gpl_text)[:TEXT_TOKENS] if gpl_text else None
-    base_replies = replies(lm)
+    base_replies, base_social = replies(lm), replies(lm, HELDOUT_SOCIAL)
     chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
     before = losses(lm, chats, text, gpl)
     if a.delta:
@@ -110,22 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tuned = load_model_dir(a.tuned, device=a.device)
     after = losses(tuned, chats, text, gpl)
-    tuned_replies = replies(tuned)
-    dec = lm.tokenizer.decode
-    samples = [{"prompt": p, "base": dec(b), "tuned": dec(t)} for p, b, t in zip(PROMPTS, base_replies, tuned_replies)]
-    for s in samples:
-        s["base_invented"], s["tuned_invented"] = claims_user_said(s["base"]), claims_user_said(s["tuned"])
-        s["base_not_told"], s["tuned_not_told"] = says_not_told(s["base"]), says_not_told(s["tuned"])
+    samples = scored(lm, PROMPTS, base_replies, replies(tuned))
+    social_samples = scored(lm, HELDOUT_SOCIAL, base_social, replies(tuned, HELDOUT_SOCIAL))
+    social: dict[str, Any] = {"requests": len(HELDOUT_SOCIAL), "before": {}, "after": {}}
     for name, side in (("before", before), ("after", after)):
-        who = "base" if name == "before" else "tuned"
-        side["invented"] = sum(s[who + "_invented"] for s in samples) / len(samples)
-        side["over_refused"] = sum(s[who + "_not_told"] for s in samples) / len(samples)  # "you haven't told me" to a plain request
+        side.update(shares(samples, "base" if name == "before" else "tuned"))
+        social[name] = shares(social_samples, "base" if name == "before" else "tuned")
     report: dict[str, Any] = {"model": a.model, "delta": a.delta, "tuned": a.tuned, "requests": len(PROMPTS), "before": before,
-                              "after": after, "samples": samples}
+                              "after": after, "social": social, "samples": samples, "social_samples": social_samples}
     if a.out:
         a.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(json.dumps({"before": before, "after": after}, indent=2))
-    for s in samples:
+    print(json.dumps({"before": before, "after": after, "social": social}, indent=2))
+    for s in samples + social_samples:
         flag = "  [invented]" if s["tuned_invented"] else "  [over-refused]" if s["tuned_not_told"] else ""
         print(f"\n> {s['prompt']}\n  base : {s['base']!r}\n  tuned: {s['tuned']!r}{flag}")
 

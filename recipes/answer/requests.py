@@ -3,9 +3,11 @@
 
 `ANCHOR_REQUESTS` are generated from templates and slots (seeded, a few hundred, about a
 third mentioning the user's own things but asking for something new: "Suggest a name for
-my bakery." is where run7 invented 'You said the bakery is called ...'). `HELDOUT_REQUESTS`
-is a fixed, hand-written list of 64, fixed before any training: none of them is an anchor
-nor a near copy of one (tests/recipes/test_answer_mix.py).
+my bakery." is where run7 invented 'You said the bakery is called ...'), then `SOCIAL_REQUESTS`
+(greetings, thanks, questions about the assistant). `HELDOUT_REQUESTS` is a fixed,
+hand-written list of 64, fixed before any training, and `HELDOUT_SOCIAL` 32 social turns,
+fixed before run H: none of them is an anchor nor a near copy of one
+(tests/recipes/test_answer_mix.py).
 """
 
 from __future__ import annotations
@@ -132,6 +134,28 @@ _FOR_MY = (("a color scheme", "kitchen"), ("a weekly chore chart", "family"), ("
            ("a pet name", "hamster"), ("a playlist", "party"), ("a quiz question", "trivia night"))
 
 
+# Social turns: greetings, thanks, goodbyes, how-are-you, questions about the assistant, a
+# word about the user's mood. The shipped delta of 2026-12-05 answered "Say hi." with "You
+# said you're a chatbot" and "What's your name?" with "You haven't told me your name": no
+# anchor had been a social turn, so nothing held the base's replies to them in place.
+# Appended after the shuffled requests above, so the teacher's earlier replies keep their order.
+SOCIAL_REQUESTS: tuple[str, ...] = (
+    "Hi!", "Hi there.", "Hey.", "Hello, anyone there?", "Good evening!", "Greetings!", "Hey, good to see you.",
+    "Hello again.", "Howdy!", "Hi, I'm new here.",
+    "How is life treating you?", "How have you been?", "Are you doing okay?", "How is everything with you?",
+    "What is your name?", "Do you have a name?", "Who made you?", "Are you a robot?", "Are you a human?",
+    "What are you exactly?", "Tell me about yourself.", "Introduce yourself, please.", "What are you good at?",
+    "What kinds of things can you help with?", "Do you ever get tired?", "Can you think for yourself?",
+    "Thank you!", "Thanks a lot.", "Great, thanks.", "Many thanks for that.", "That was helpful, thank you.",
+    "OK.", "Cool.", "Got it.", "Perfect.", "Alright then.", "Sounds great.", "Wow.", "Interesting!", "I see.",
+    "Bye!", "See you later.", "Good night, talk soon.", "I have to go now.", "Talk to you tomorrow.",
+    "I'm so sleepy.", "I had a long day at work.", "I'm feeling a bit down.", "I'm really happy today!",
+    "It's so hot outside.", "I just woke up.", "I can't focus today.",
+    "Say something nice.", "Say hello to my friend Sam.", "Cheer me up.", "Surprise me.", "Say something funny.",
+    "Can I ask you something?", "Are you busy?", "Let's talk.",
+)
+
+
 def anchor_requests(seed: int = 0) -> tuple[str, ...]:
     """Every filled template once, in a seeded order (the teacher answers them in this order,
     so a resumed run continues where it stopped)."""
@@ -140,7 +164,7 @@ def anchor_requests(seed: int = 0) -> tuple[str, ...]:
     out += [f"Could you suggest {x} for my {y}?" for x, y in _FOR_MY]
     out += list(BASE_REQUESTS)
     random.Random(f"answer-requests/{seed}").shuffle(out)
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys([*out, *SOCIAL_REQUESTS]))  # the social ones last: earlier anchors keep their order
 
 
 ANCHOR_REQUESTS = anchor_requests()
@@ -175,6 +199,18 @@ HELDOUT_REQUESTS: tuple[str, ...] = (
     "How can I learn to juggle?", "Why do we have leap seconds?", "Write a short note to cheer up a friend.",
     "What should I name a grey kitten?", "Suggest a fun activity for a family reunion.", "Explain how a bicycle stays upright.",
     "What is the opposite of generous?", "How do I politely decline an invitation?",
+)
+
+# Social turns held out like the requests above: never anchors nor near copies of one, nor of
+# the dialogues' small talk; fixed before the run that trained the social anchors.
+HELDOUT_SOCIAL: tuple[str, ...] = (
+    "Say hi.", "Hello!", "How are you?", "Who are you?", "What's your name?", "Thanks!", "Can you help me?",
+    "What can you do?", "Hi, nice to meet you.", "Hey, what's up?", "Morning! Sleep well?", "Are you an AI?",
+    "Do you have feelings?", "Thank you so much, that was useful.", "Okay, sounds good.", "Goodbye!",
+    "See you next week.", "Nighty night.", "I'm starving.", "I feel lonely tonight.", "Today was a good day.",
+    "I'm back.", "Tell me something about you.", "Are you still there?", "Nice!", "Haha, that's funny.",
+    "What should I call you?", "Where do you come from?", "Can we chat for a bit?", "I need some advice.",
+    "Hmm, let me think.", "Yo.",
 )
 
 # A reply that claims the user said something: in a fresh chat, with nothing said before,

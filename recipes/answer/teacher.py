@@ -3,7 +3,7 @@ the delta keeps answering requests as the base does (self-distillation as an anc
 
     python -m recipes.answer.teacher -m MODEL_DIR --out replies.jsonl [--set anchors] [--batch 8] [--limit N]
 
-`--set anchors` (default) answers `requests.ANCHOR_REQUESTS` (~300); `--set heldout` the 64
+`--set anchors` (default) answers `requests.ANCHOR_REQUESTS` (~400, the social turns last); `--set heldout` the 64
 `requests.HELDOUT_REQUESTS`, whose replies are the "teacher-reply loss" of the general-chat
 check (recipes/answer/check.py) and never training data. Up to S + W tokens the default
 hybrid is the teacher exactly, so its replies to these short prompts are SmolLM2's own.

@@ -17,7 +17,7 @@ from agent.recall.rule import BLOCK_ROLE, HEADER
 from recipes.answer.concepts import CONCEPTS, TRAIN_CONCEPTS, TRAIN_VALUES
 from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
 from recipes.answer.mix import GAP_TOKENS, KIND_SHARES, MAX_TOKENS, dialogues, size, write
-from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS, claims_user_said
+from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS, HELDOUT_SOCIAL, SOCIAL_REQUESTS, claims_user_said
 
 ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds warm and fresh."),
            ("How do I fry an egg?", "Heat a pan, add a little oil, crack the egg in and cook it for three minutes.")]
@@ -120,16 +120,44 @@ def test_gap_option_bounds_the_small_talk_and_refuses_bad_ranges(tmp_path: Path,
     assert not (tmp_path / "x").exists()
 
 
+def _no_near_copies(held: tuple[str, ...], seen: tuple[str, ...]) -> None:
+    """No held-out line shares 75% or more of its words (Jaccard) with any line of `seen`."""
+    for h in held:
+        hw = _words(h)
+        for a in seen:
+            aw = _words(a)
+            assert len(hw & aw) / len(hw | aw) < 0.75, (h, a)
+
+
 def test_held_out_requests_are_never_anchors_nor_near_copies() -> None:
     assert len(HELDOUT_REQUESTS) >= 60 and len(set(HELDOUT_REQUESTS)) == len(HELDOUT_REQUESTS)
     assert len(ANCHOR_REQUESTS) >= 250 and len(set(ANCHOR_REQUESTS)) == len(ANCHOR_REQUESTS)
     assert sum(" my " in r for r in ANCHOR_REQUESTS) >= len(ANCHOR_REQUESTS) // 4  # "Suggest a name for my bakery."
     assert sum(" my " in r for r in HELDOUT_REQUESTS) >= 15
-    for h in HELDOUT_REQUESTS:
-        hw = _words(h)
-        for a in ANCHOR_REQUESTS:
-            aw = _words(a)
-            assert len(hw & aw) / len(hw | aw) < 0.75, (h, a)
+    _no_near_copies(HELDOUT_REQUESTS, ANCHOR_REQUESTS)
+
+
+def test_held_out_social_turns_are_never_anchors_nor_small_talk_nor_near_copies() -> None:
+    from recipes.answer.concepts import SMALL_TALK
+
+    assert len(HELDOUT_SOCIAL) >= 30 and len(set(HELDOUT_SOCIAL)) == len(HELDOUT_SOCIAL)
+    # The social anchors come last, so the anchors answered before them keep their order.
+    assert ANCHOR_REQUESTS[-len(SOCIAL_REQUESTS):] == SOCIAL_REQUESTS
+    assert not set(SOCIAL_REQUESTS) & set(ANCHOR_REQUESTS[: -len(SOCIAL_REQUESTS)])
+    _no_near_copies(HELDOUT_SOCIAL, (*ANCHOR_REQUESTS, *HELDOUT_REQUESTS, *(u for u, _ in SMALL_TALK)))
+
+
+def test_check_scores_social_replies_invented_and_over_refused() -> None:
+    from types import SimpleNamespace
+
+    from recipes.answer.check import scored, shares
+
+    said = ["Hello! How can I help?", "You said you're a chatbot.", "You haven't told me your name.", "I'm an AI."]
+    lm = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: said[ids[0]]))
+    rows = scored(lm, ("Say hi.", "Hello!", "What's your name?", "Who are you?"), [[0], [0], [3], [3]], [[0], [1], [2], [3]])
+    assert [(r["tuned_invented"], r["tuned_not_told"]) for r in rows] == [(False, False), (True, False), (False, True), (False, False)]
+    assert shares(rows, "tuned") == {"invented": 0.25, "over_refused": 0.25}
+    assert shares(rows, "base") == {"invented": 0.0, "over_refused": 0.0}
 
 
 def test_anchors_naming_a_held_out_value_are_dropped(tmp_path: Path) -> None:
