@@ -28,7 +28,9 @@ Kinds of dialogue (`KIND_SHARES`):
   words (recipes/answer/teacher.py), after a stated detail; about a third of the requests
   mention the user's own things and ask for something new. `FRESH_ANCHOR_SHARE` of them are
   a fresh chat with one or two requests and nothing stated (a plain question after nothing
-  said is answered, never "not told").
+  said is answered, never "not told"). `--social-weight K` draws each social anchor (a
+  greeting, thanks, a goodbye, a question about the assistant: `SOCIAL_REQUESTS`) K times as
+  often as the others (the tuned model answered "Say hi." with "You said you're a chatbot").
 - `--gap LO,HI` and `--window-share`: longer small talk before the question, and more
   window dialogues (run 3b's continuation: 60-200 tokens, the far end of the window).
   `--gap-chatter P`: a share P of the window and update dialogues fill that gap with
@@ -59,6 +61,7 @@ from agent.recall.rule import BLOCK_ROLE, Candidate, render, select
 from recipes.answer.concepts import (ACKS, CHATTER_ADJECTIVES, CHATTER_ASKS, CHATTER_NOUNS, CHATTER_REPLIES, CHATTER_TOPICS,
                                      CHATTER_VERBS, EVAL_CONCEPTS, SMALL_TALK, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept)
 from recipes.answer.dialogues import read_anchors
+from recipes.answer.requests import SOCIAL_REQUESTS
 
 CHARS_PER_TOKEN = 4
 GAP_TOKENS = (0, 200)  # small talk between the last statement and the first question ("window" kind)
@@ -260,7 +263,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     if kind == "anchor" and rng.random() < FRESH_ANCHOR_SHARE:
         # A fresh chat that states nothing and asks nothing: one or two everyday requests
         # answered as the teacher answers them (a plain question is never "not told").
-        for req, reply in rng.sample(list(anchors), rng.choice((1, 1, 2))):
+        drawn = rng.sample(list(anchors), rng.choice((1, 1, 2)))
+        for req, reply in dict(drawn).items():  # a weighted social anchor may be drawn twice: ask it once
             msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
         return msgs
     if kind == "anchor":
@@ -390,13 +394,24 @@ def text_records(n: int, seed: int) -> list[str]:
     return pieces[:n]
 
 
+def weigh_social(anchors: Sequence[tuple[str, str]], weight: int) -> list[tuple[str, str]]:
+    """`anchors` with each social one (a request in `SOCIAL_REQUESTS`) listed `weight` times,
+    so it is drawn `weight` times as often; weight 1 is `anchors` as given."""
+    social = set(SOCIAL_REQUESTS)
+    return [pair for pair in anchors for _ in range(weight if pair[0] in social else 1)]
+
+
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), text: int = 0,
-          **mix: Any) -> dict[str, Any]:
+          social_weight: int = 1, **mix: Any) -> dict[str, Any]:
     """DIR/train.jsonl (+ `text` plain-text records), DIR/eval.jsonl and DIR/stats.json."""
     out.mkdir(parents=True, exist_ok=True)
     given = len(anchors)
     anchors = clean_anchors(anchors)
     stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
+    if social_weight != 1:
+        stats["social_anchors"] = sum(q in set(SOCIAL_REQUESTS) for q, _ in anchors)
+        stats["social_weight"] = social_weight
+        anchors = weigh_social(anchors, social_weight)
     for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
         rows = dialogues(n, s, concepts, anc, **mix)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
@@ -453,7 +468,12 @@ def main(argv: list[str] | None = None) -> None:
                          "numbers and people, with small talk, instead of small talk alone (default 0)")
     ap.add_argument("--anchor-details", type=int, default=1, metavar="K",
                     help="an anchor that is not a fresh chat states 1 to K details before its request (default 1)")
+    ap.add_argument("--social-weight", type=int, default=1, metavar="K",
+                    help="draw each social anchor (a greeting, thanks, a question about the assistant) K times as often as "
+                         "the others (default 1)")
     a = ap.parse_args(argv)
+    if not 1 <= a.social_weight <= 20:
+        ap.error(f"--social-weight {a.social_weight}: give a whole number from 1 to 20")
     if not 1 <= a.anchor_details <= 4:
         ap.error(f"--anchor-details {a.anchor_details}: give 1 to 4")
     lo, hi = _span(ap, "--gap", a.gap, 0, WINDOW_REACH, f"0 <= LO <= HI <= {WINDOW_REACH}", "60,200")
@@ -467,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
-                           gap_chatter=a.gap_chatter)))
+                           gap_chatter=a.gap_chatter, social_weight=a.social_weight)))
 
 
 if __name__ == "__main__":

@@ -309,6 +309,40 @@ def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(
     assert not (tmp_path / "x").exists()
 
 
+def test_social_weight_draws_social_anchors_more_often_and_weight_one_draws_as_before(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    from recipes.answer.mix import main, weigh_social
+
+    hello = (SOCIAL_REQUESTS[0], "Hello! How can I help you today?")
+    anchors = [*ANCHORS, ("Name a calm color.", "Soft blue is calm."), ("What is a haiku?", "A short poem of three lines."), hello]
+    assert weigh_social(anchors, 1) == anchors
+    assert weigh_social(anchors, 4).count(hello) == 4 and len(weigh_social(anchors, 4)) == len(anchors) + 3
+    # Weight 1 draws what the mix drew before the option existed (the digest is of commit
+    # fc66577's code), fresh chats included.
+    plain = dialogues(300, 6, TRAIN_CONCEPTS, anchors, shares={"anchor": 1.0, "window": 0.3})
+    assert hashlib.sha256(json.dumps(plain).encode()).hexdigest() == "8cf62079822f5597a061b88934d1388186ab9232a6094bca8811311c1c1edc29"
+
+    def greeted(rows: list[tuple[str, list[dict]]]) -> int:
+        return sum(any(m["role"] == "user" and m["content"] == hello[0] and m.get("weight", 1) for m in msgs) for _, msgs in rows)
+
+    heavy = dialogues(300, 6, TRAIN_CONCEPTS, weigh_social(anchors, 5), shares={"anchor": 1.0, "window": 0.3})
+    assert greeted(heavy) > 2 * greeted(plain) > 0, (greeted(heavy), greeted(plain))
+    for _, msgs in heavy:  # a request drawn twice into one fresh chat is asked once
+        asked = [m["content"] for m in msgs if m["role"] == "user"]
+        assert len(asked) == len(set(asked)), asked
+    anchor_file = tmp_path / "anchors.jsonl"
+    anchor_file.write_text("".join(json.dumps({"request": q, "reply": r}) + "\n" for q, r in anchors), encoding="utf-8")
+    stats = write(tmp_path / "mix", train=50, eval_n=5, seed=1, anchors=anchors, social_weight=3)
+    assert stats["social_anchors"] == 1 and stats["social_weight"] == 3 and stats["anchors"] == len(anchors)
+    for bad in ("0", "21"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(tmp_path / "x"), "--anchors", str(anchor_file), "--social-weight", bad])
+        assert exc.value.code == 2 and f"--social-weight {bad}" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_updates_answer_the_later_value() -> None:
     seen = 0
     for kind, msgs in dialogues(300, 8, TRAIN_CONCEPTS):
