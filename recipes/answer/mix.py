@@ -409,7 +409,7 @@ def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tu
     anchors = clean_anchors(anchors)
     stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
     if social_weight != 1:
-        stats["social_anchors"] = sum(q in set(SOCIAL_REQUESTS) for q, _ in anchors)
+        stats["social_anchors"] = len(set(SOCIAL_REQUESTS) & {q for q, _ in anchors})
         stats["social_weight"] = social_weight
         anchors = weigh_social(anchors, social_weight)
     for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
