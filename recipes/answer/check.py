@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     samples = scored(lm, PROMPTS, base_replies, replies(tuned))
     social_samples = scored(lm, HELDOUT_SOCIAL, base_social, replies(tuned, HELDOUT_SOCIAL))
     social: dict[str, Any] = {"requests": len(HELDOUT_SOCIAL), "before": {}, "after": {}}
-    for name, side in (("before", before), ("after", after)):
-        side.update(shares(samples, "base" if name == "before" else "tuned"))
-        social[name] = shares(social_samples, "base" if name == "before" else "tuned")
+    for name, side, who in (("before", before, "base"), ("after", after, "tuned")):
+        side.update(shares(samples, who))
+        social[name] = shares(social_samples, who)
     report: dict[str, Any] = {"model": a.model, "delta": a.delta, "tuned": a.tuned, "requests": len(PROMPTS), "before": before,
                               "after": after, "social": social, "samples": samples, "social_samples": social_samples}
     if a.out:
