@@ -303,6 +303,18 @@ CONCEPTS: tuple[TrainConcept, ...] = (
        "What time is school pickup? | When do I pick up the kids? | Do you remember the pickup time?",
        "School pickup is at {v}. | You said you pick up the kids at {v}.",
        "You haven't told me the pickup time. | I don't know when pickup is; you didn't tell me."),
+    # Digital access, asked as "How do I ...?": never given, the probe's "How do I get on the
+    # wifi?" got "as a chatbot ... I don't have the capability to access internet" (run I).
+    _c("laptop", "num4",
+       "The passcode for my laptop is {v}. | I set my laptop's passcode to {v}. | My laptop unlocks with {v}.",
+       "How do I unlock my laptop? | What's my laptop passcode? | Do you remember the passcode for my laptop?",
+       "Your laptop passcode is {v}. | You said your laptop unlocks with {v}.",
+       "You haven't told me your laptop passcode. | I don't know the passcode for your laptop; you never told me."),
+    _c("photo_app", "word",
+       "My login for the photo app is {v}. | I signed up for the photo app as {v}. | The photo app knows me as {v}.",
+       "How do I sign in to the photo app? | What's my login for the photo app? | Which name do I use on the photo app?",
+       "Your photo app login is {v}. | You said you sign in to the photo app as {v}.",
+       "You haven't told me your photo app login. | I don't know how you sign in to the photo app; you never told me."),
 )
 SPLIT_HELDOUT = frozenset({"godson", "conference", "jersey", "haircut", "pickup"})
 TRAIN_CONCEPTS = tuple(c for c in CONCEPTS if c.name not in SPLIT_HELDOUT)

@@ -30,7 +30,8 @@ Kinds of dialogue (`KIND_SHARES`):
   a fresh chat with one or two requests and nothing stated (a plain question after nothing
   said is answered, never "not told"). `--social-weight K` draws each social anchor (a
   greeting, thanks, a goodbye, a question about the assistant: `SOCIAL_REQUESTS`) K times as
-  often as the others (the tuned model answered "Say hi." with "You said you're a chatbot").
+  often as the others (the tuned model answered "Say hi." with "You said you're a chatbot"),
+  except those whose reply disclaims "as a chatbot" (`DISCLAIMS`).
 - `--gap LO,HI` and `--window-share`: longer small talk before the question, and more
   window dialogues (run 3b's continuation: 60-200 tokens, the far end of the window).
   `--gap-chatter P`: a share P of the window and update dialogues fill that gap with
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
@@ -394,11 +396,25 @@ def text_records(n: int, seed: int) -> list[str]:
     return pieces[:n]
 
 
-def weigh_social(anchors: Sequence[tuple[str, str]], weight: int) -> list[tuple[str, str]]:
-    """`anchors` with each social one (a request in `SOCIAL_REQUESTS`) listed `weight` times,
-    so it is drawn `weight` times as often; weight 1 is `anchors` as given."""
+# A reply that answers as "a chatbot" ("as a chatbot designed to assist with digital
+# communication, I don't have the capability to access internet"): the teacher's words for
+# some social requests. Weighted up in run I, they came back for a never-given "How do I get
+# on the wifi?" (refresh on, 2,048 tokens: 4 of 26), so they are not weighted.
+DISCLAIMS = re.compile(r"\bas an? (?:text-based )?(?:ai|chatbot|language model)\b", re.I)
+
+
+def weighted_social(anchors: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The social anchors (a request in `SOCIAL_REQUESTS`) `--social-weight` draws more often:
+    those whose reply does not disclaim as a chatbot (`DISCLAIMS`)."""
     social = set(SOCIAL_REQUESTS)
-    return [pair for pair in anchors for _ in range(weight if pair[0] in social else 1)]
+    return {(q, a) for q, a in anchors if q in social and not DISCLAIMS.search(a)}
+
+
+def weigh_social(anchors: Sequence[tuple[str, str]], weight: int) -> list[tuple[str, str]]:
+    """`anchors` with each of `weighted_social` listed `weight` times, so it is drawn
+    `weight` times as often; weight 1 is `anchors` as given."""
+    heavy = weighted_social(anchors)
+    return [pair for pair in anchors for _ in range(weight if pair in heavy else 1)]
 
 
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), text: int = 0,
@@ -410,6 +426,7 @@ def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tu
     stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
     if social_weight != 1:
         stats["social_anchors"] = len(set(SOCIAL_REQUESTS) & {q for q, _ in anchors})
+        stats["social_anchors_weighted"] = len(weighted_social(anchors))
         stats["social_weight"] = social_weight
         anchors = weigh_social(anchors, social_weight)
     for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):

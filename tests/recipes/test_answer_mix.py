@@ -23,6 +23,11 @@ ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds 
            ("How do I fry an egg?", "Heat a pan, add a little oil, crack the egg in and cook it for three minutes.")]
 
 
+# The training concepts before the two digital-access ones (run J): the digests below are of
+# mixes drawn from these, so earlier mixes regenerate byte for byte.
+CONCEPTS_BEFORE_ACCESS = tuple(c for c in TRAIN_CONCEPTS if c.name not in {"laptop", "photo_app"})
+
+
 def _pattern(phrasing: str) -> re.Pattern[str]:
     return re.compile(r"(?:.*?[.:] )?" + re.escape(phrasing).replace(re.escape("{v}"), "(.+?)"), re.I)
 
@@ -292,7 +297,7 @@ def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(
 
     # 0 draws exactly what the mix drew before --gap-chatter existed (this digest is of the
     # dialogues the code of commit d516969 draws), so earlier mixes regenerate byte for byte.
-    plain = dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=0.0)
+    plain = dialogues(200, 4, CONCEPTS_BEFORE_ACCESS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=0.0)
     assert hashlib.sha256(json.dumps(plain).encode()).hexdigest() == "cd25c8f1a6f7e3f7d85f7a34decc1afbefae6a646e9835617f24a813aff19c44"
     rows = dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=1.0, gap=(64, 200))
     with_chatter = 0
@@ -319,15 +324,18 @@ def test_social_weight_draws_social_anchors_more_often_and_weight_one_draws_as_b
     anchors = [*ANCHORS, ("Name a calm color.", "Soft blue is calm."), ("What is a haiku?", "A short poem of three lines."), hello]
     assert weigh_social(anchors, 1) == anchors
     assert weigh_social(anchors, 4).count(hello) == 4 and len(weigh_social(anchors, 4)) == len(anchors) + 3
+    # A social reply that disclaims as a chatbot is drawn as often as any other anchor.
+    bot = (SOCIAL_REQUESTS[1], "I'm sorry, but as a chatbot designed to assist with digital communication, I don't have the ability.")
+    assert weigh_social([*anchors, bot], 4).count(bot) == 1 and weigh_social([*anchors, bot], 4).count(hello) == 4
     # Weight 1 draws what the mix drew before the option existed (the digest is of commit
-    # fc66577's code), fresh chats included.
-    plain = dialogues(300, 6, TRAIN_CONCEPTS, anchors, shares={"anchor": 1.0, "window": 0.3})
+    # fc66577's code and its concepts), fresh chats included.
+    plain = dialogues(300, 6, CONCEPTS_BEFORE_ACCESS, anchors, shares={"anchor": 1.0, "window": 0.3})
     assert hashlib.sha256(json.dumps(plain).encode()).hexdigest() == "8cf62079822f5597a061b88934d1388186ab9232a6094bca8811311c1c1edc29"
 
     def greeted(rows: list[tuple[str, list[dict]]]) -> int:
         return sum(any(m["role"] == "user" and m["content"] == hello[0] and m.get("weight", 1) for m in msgs) for _, msgs in rows)
 
-    heavy = dialogues(300, 6, TRAIN_CONCEPTS, weigh_social(anchors, 5), shares={"anchor": 1.0, "window": 0.3})
+    heavy = dialogues(300, 6, CONCEPTS_BEFORE_ACCESS, weigh_social(anchors, 5), shares={"anchor": 1.0, "window": 0.3})
     assert greeted(heavy) > 2 * greeted(plain) > 0, (greeted(heavy), greeted(plain))
     for _, msgs in heavy:  # a request drawn twice into one fresh chat is asked once
         asked = [m["content"] for m in msgs if m["role"] == "user"]
@@ -335,7 +343,8 @@ def test_social_weight_draws_social_anchors_more_often_and_weight_one_draws_as_b
     anchor_file = tmp_path / "anchors.jsonl"
     anchor_file.write_text("".join(json.dumps({"request": q, "reply": r}) + "\n" for q, r in anchors), encoding="utf-8")
     stats = write(tmp_path / "mix", train=50, eval_n=5, seed=1, anchors=anchors, social_weight=3)
-    assert stats["social_anchors"] == 1 and stats["social_weight"] == 3 and stats["anchors"] == len(anchors)
+    assert stats["social_anchors"] == 1 and stats["social_anchors_weighted"] == 1 and stats["social_weight"] == 3
+    assert stats["anchors"] == len(anchors)
     for bad in ("0", "21"):
         with pytest.raises(SystemExit) as exc:
             main(["--out", str(tmp_path / "x"), "--anchors", str(anchor_file), "--social-weight", bad])
