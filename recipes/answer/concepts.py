@@ -172,7 +172,7 @@ CONCEPTS: tuple[TrainConcept, ...] = (
        "Your alarm is set for {v}. | You said your alarm goes off at {v}.",
        "You haven't told me when your alarm is. | I don't know; you didn't tell me your alarm time."),
     _c("yoga", "time",
-       "Yoga class starts at {v}. | I go to yoga at {v} on Tuesdays. | My yoga class moved to {v}.",
+       "Yoga class starts at {v}. | I go to yoga at {v} after work. | My yoga class moved to {v}.",
        "What time is my yoga class? | When do I go to yoga? | Do you remember when yoga starts?",
        "Your yoga class is at {v}. | You said yoga starts at {v}.",
        "You haven't told me when your yoga class is. | You never told me about a yoga class."),

@@ -24,8 +24,17 @@ ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds 
 
 
 # The training concepts before the two digital-access ones (run J): the digests below are of
-# mixes drawn from these, so earlier mixes regenerate byte for byte.
+# mixes drawn from these, so earlier mixes regenerate byte for byte but for the yoga phrase.
 CONCEPTS_BEFORE_ACCESS = tuple(c for c in TRAIN_CONCEPTS if c.name not in {"laptop", "photo_app"})
+
+
+def _digest_before_yoga_fix(rows: object) -> str:
+    """The sha256 of `rows` with the yoga statement as it read before it stopped naming
+    "Tuesdays" (a value of the second held-out set): the draws are the same, one phrase differs."""
+    import hashlib
+
+    text = re.sub(r"(I go to yoga at [0-9:]+) after work\.", r"\1 on Tuesdays.", json.dumps(rows))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _pattern(phrasing: str) -> re.Pattern[str]:
@@ -37,6 +46,23 @@ def _words(s: str) -> set[str]:
 
 
 # ---- held out: the probe, and the second set ---------------------------------------------
+
+
+def test_no_held_out_value_is_a_word_of_the_training_text() -> None:
+    # "I go to yoga at {v} on Tuesdays." named a weekday of the second held-out set (a plural,
+    # which `mentions` does not see); the tuned model then answered "on Tuesday" for both
+    # weekday details of that set.
+    from recipes.answer.concepts import (ACKS, CHATTER_ADJECTIVES, CHATTER_ASKS, CHATTER_NOUNS, CHATTER_REPLIES,
+                                         CHATTER_TOPICS, CHATTER_VERBS, SMALL_TALK)
+
+    text = [p for c in CONCEPTS for p in (*c.statements, *c.questions, *c.answers, *c.not_told)]
+    text += [t for pair in SMALL_TALK for t in pair]
+    text += [*ACKS, *CHATTER_TOPICS, *CHATTER_NOUNS, *CHATTER_ADJECTIVES, *CHATTER_VERBS, *CHATTER_ASKS, *CHATTER_REPLIES]
+    words = _words(" ".join(text))
+    for pools in (HELDOUT_VALUES, HELDOUT2_VALUES):
+        for kind, values in pools.items():
+            for v in values:
+                assert not {v.lower(), v.lower() + "s"} & words, (kind, v)
 
 
 def test_the_second_held_out_set_shares_nothing_with_training_or_the_probe() -> None:
@@ -293,12 +319,10 @@ def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(
     from recipes.answer.concepts import CHATTER_NOUNS
     from recipes.answer.mix import main
 
-    import hashlib
-
     # 0 draws exactly what the mix drew before --gap-chatter existed (this digest is of the
     # dialogues the code of commit d516969 draws), so earlier mixes regenerate byte for byte.
     plain = dialogues(200, 4, CONCEPTS_BEFORE_ACCESS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=0.0)
-    assert hashlib.sha256(json.dumps(plain).encode()).hexdigest() == "cd25c8f1a6f7e3f7d85f7a34decc1afbefae6a646e9835617f24a813aff19c44"
+    assert _digest_before_yoga_fix(plain) == "cd25c8f1a6f7e3f7d85f7a34decc1afbefae6a646e9835617f24a813aff19c44"
     rows = dialogues(200, 4, TRAIN_CONCEPTS, ANCHORS, shares={"window": 1.0, "update": 0.3}, gap_chatter=1.0, gap=(64, 200))
     with_chatter = 0
     for kind, msgs in rows:
@@ -316,8 +340,6 @@ def test_gap_chatter_fills_window_gaps_with_distractors_and_keeps_replies_right(
 
 def test_social_weight_draws_social_anchors_more_often_and_weight_one_draws_as_before(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import hashlib
-
     from recipes.answer.mix import main, weigh_social
 
     hello = (SOCIAL_REQUESTS[0], "Hello! How can I help you today?")
@@ -330,7 +352,7 @@ def test_social_weight_draws_social_anchors_more_often_and_weight_one_draws_as_b
     # Weight 1 draws what the mix drew before the option existed (the digest is of commit
     # fc66577's code and its concepts), fresh chats included.
     plain = dialogues(300, 6, CONCEPTS_BEFORE_ACCESS, anchors, shares={"anchor": 1.0, "window": 0.3})
-    assert hashlib.sha256(json.dumps(plain).encode()).hexdigest() == "8cf62079822f5597a061b88934d1388186ab9232a6094bca8811311c1c1edc29"
+    assert _digest_before_yoga_fix(plain) == "8cf62079822f5597a061b88934d1388186ab9232a6094bca8811311c1c1edc29"
 
     def greeted(rows: list[tuple[str, list[dict]]]) -> int:
         return sum(any(m["role"] == "user" and m["content"] == hello[0] and m.get("weight", 1) for m in msgs) for _, msgs in rows)
