@@ -24,6 +24,9 @@ TRAIN_VALUES: dict[str, tuple[str, ...]] = {
     "job": ("nurse", "teacher", "plumber", "baker", "pilot", "lawyer", "chef", "designer", "farmer", "mechanic",
             "architect", "journalist", "carpenter"),
     "month": ("February", "April", "June", "August", "October", "December"),
+    # A day named by a word, as a weekday is, but no weekday (those are the second held-out set's).
+    "holiday": ("Halloween", "Christmas", "Easter", "Thanksgiving", "Midsummer", "Hanukkah", "Diwali", "Passover",
+                "Epiphany", "Candlemas"),
 }
 
 
@@ -315,6 +318,23 @@ CONCEPTS: tuple[TrainConcept, ...] = (
        "How do I sign in to the photo app? | What's my login for the photo app? | Which name do I use on the photo app?",
        "Your photo app login is {v}. | You said you sign in to the photo app as {v}.",
        "You haven't told me your photo app login. | I don't know how you sign in to the photo app; you never told me."),
+    # A day named by a word and asked as "Which day ...?" or "When ...?": the tuned model answered
+    # a weekday detail of the second held-out set with a time ("starts at 10:30") or a guess.
+    _c("bake_sale", "holiday",
+       "The school bake sale is on {v} this year. | We're holding the bake sale on {v}. | The bake sale got moved to {v}.",
+       "Which day is the bake sale? | When is the bake sale? | What day did they pick for the bake sale?",
+       "The bake sale is on {v}. | You said the bake sale is on {v}.",
+       "You haven't told me when the bake sale is. | I don't know which day the bake sale is; you didn't tell me."),
+    _c("choir", "holiday",
+       "Our choir sings at the town hall on {v}. | The choir concert is on {v} again. | I sing with the choir every {v}.",
+       "When does the choir sing? | Which day is the choir concert? | Do you remember what day the choir sings?",
+       "The choir sings on {v}. | You said the choir concert is on {v}.",
+       "You haven't told me when the choir sings. | I don't know which day the choir concert is; you never told me."),
+    _c("craft_market", "holiday",
+       "The craft market only opens on {v}. | There's a big craft market every {v} in town. | The craft market is on {v} this year.",
+       "What day is the craft market? | When does the craft market open? | Which day is the craft market on?",
+       "The craft market is on {v}. | You said the craft market opens on {v}.",
+       "You haven't told me when the craft market is. | I don't know which day the craft market is; you didn't say."),
 )
 SPLIT_HELDOUT = frozenset({"godson", "conference", "jersey", "haircut", "pickup"})
 TRAIN_CONCEPTS = tuple(c for c in CONCEPTS if c.name not in SPLIT_HELDOUT)

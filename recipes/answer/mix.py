@@ -418,18 +418,25 @@ def weigh_social(anchors: Sequence[tuple[str, str]], weight: int) -> list[tuple[
 
 
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), text: int = 0,
-          social_weight: int = 1, **mix: Any) -> dict[str, Any]:
-    """DIR/train.jsonl (+ `text` plain-text records), DIR/eval.jsonl and DIR/stats.json."""
+          social_weight: int = 1, without: Sequence[str] = (), **mix: Any) -> dict[str, Any]:
+    """DIR/train.jsonl (+ `text` plain-text records), DIR/eval.jsonl and DIR/stats.json.
+    `without` names training concepts to leave out (a mix drawn before they were added)."""
+    unknown = sorted(set(without) - {c.name for c in TRAIN_CONCEPTS})
+    if unknown:
+        raise ValueError(f"no training concept named {', '.join(unknown)}")
+    train_concepts = tuple(c for c in TRAIN_CONCEPTS if c.name not in set(without))
     out.mkdir(parents=True, exist_ok=True)
     given = len(anchors)
     anchors = clean_anchors(anchors)
     stats: dict[str, Any] = {"seed": seed, "anchors": len(anchors), "anchors_dropped_for_held_out_values": given - len(anchors)}
+    if without:
+        stats["without"] = sorted(without)
     if social_weight != 1:
         stats["social_anchors"] = len(set(SOCIAL_REQUESTS) & {q for q, _ in anchors})
         stats["social_anchors_weighted"] = len(weighted_social(anchors))
         stats["social_weight"] = social_weight
         anchors = weigh_social(anchors, social_weight)
-    for name, n, concepts, s, anc in (("train", train, TRAIN_CONCEPTS, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
+    for name, n, concepts, s, anc in (("train", train, train_concepts, seed, anchors), ("eval", eval_n, EVAL_CONCEPTS, seed + 1_000_000, ())):
         rows = dialogues(n, s, concepts, anc, **mix)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for _, msgs in rows:
@@ -488,7 +495,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--social-weight", type=int, default=1, metavar="K",
                     help="draw each social anchor (a greeting, thanks, a question about the assistant) K times as often as "
                          "the others (default 1)")
+    ap.add_argument("--without", default="", metavar="NAMES",
+                    help="leave out these training concepts, comma-separated, to draw the mix of a run from before they "
+                         "were added (run J's: --without bake_sale,choir,craft_market)")
     a = ap.parse_args(argv)
+    without = [n.strip() for n in a.without.split(",") if n.strip()]
+    unknown = sorted(set(without) - {c.name for c in TRAIN_CONCEPTS})
+    if unknown:
+        ap.error(f"--without {','.join(unknown)}: no such training concept; "
+                 f"the names are {', '.join(c.name for c in TRAIN_CONCEPTS)}")
     if not 1 <= a.social_weight <= 20:
         ap.error(f"--social-weight {a.social_weight}: give a whole number from 1 to 20")
     if not 1 <= a.anchor_details <= 4:
@@ -504,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
-                           gap_chatter=a.gap_chatter, social_weight=a.social_weight)))
+                           gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without)))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ ANCHORS = [("Suggest a name for my bakery.", "How about Golden Crust? It sounds 
            ("How do I fry an egg?", "Heat a pan, add a little oil, crack the egg in and cook it for three minutes.")]
 
 
-# The training concepts before the two digital-access ones (run J): the digests below are of
-# mixes drawn from these, so earlier mixes regenerate byte for byte but for the yoga phrase.
-CONCEPTS_BEFORE_ACCESS = tuple(c for c in TRAIN_CONCEPTS if c.name not in {"laptop", "photo_app"})
+# The three day-named concepts (run L) and the two digital-access ones before them (run J): the
+# digests below are of mixes drawn without either, so earlier mixes regenerate byte for byte
+# but for the yoga phrase.
+HOLIDAY = ("bake_sale", "choir", "craft_market")
+CONCEPTS_BEFORE_ACCESS = tuple(c for c in TRAIN_CONCEPTS if c.name not in {"laptop", "photo_app", *HOLIDAY})
 
 
 def _digest_before_yoga_fix(rows: object) -> str:
@@ -406,6 +408,24 @@ def test_details_come_one_to_four_and_often_of_the_same_kind() -> None:
         counts[len(said)] += 1
         same += len({c.kind for c in said}) < len(said)
     assert set(counts) == {1, 2, 3, 4} and same > 20, counts
+
+
+def test_without_draws_the_mix_of_a_run_from_before_the_concepts_it_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import main
+
+    before = tuple(c for c in TRAIN_CONCEPTS if c.name not in HOLIDAY)
+    write(tmp_path, train=80, eval_n=2, seed=3, anchors=ANCHORS, without=HOLIDAY)
+    rows = [json.loads(x)["messages"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert rows == [m for _, m in dialogues(80, 3, before, ANCHORS)]
+    assert json.loads((tmp_path / "stats.json").read_text())["without"] == sorted(HOLIDAY)
+    write(tmp_path, train=80, eval_n=2, seed=3, anchors=ANCHORS)  # all concepts: a different draw, the days in it
+    text = (tmp_path / "train.jsonl").read_text()
+    assert "bake sale" in text and [json.loads(x)["messages"] for x in text.splitlines()] != rows
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "x"), "--without", "choir,glovebox"])
+    assert e.value.code == 2 and "--without glovebox: no such training concept" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_mix_is_seeded_and_loads_as_training_data(tmp_path: Path) -> None:
