@@ -68,6 +68,7 @@ from recipes.answer.requests import SOCIAL_REQUESTS
 CHARS_PER_TOKEN = 4
 GAP_TOKENS = (0, 200)  # small talk between the last statement and the first question ("window" kind)
 WINDOW_REACH = 220  # a statement asked about in the window kinds starts at most this many tokens before the question (window 256)
+MAX_REACH = 244  # --reach at most: the question (~10 tokens) then ends within the 256-token window
 MAX_TOKENS = 480  # a dialogue fits one row of --seq-len 512 (--pack rows)
 KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14, "long": 0.0}  # drawn; rejections shift the kept shares a little
 LONG_GAP = (300, 1_500)  # "long" kind: tokens of chat between the last statement and the first question
@@ -251,12 +252,13 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
              anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
-             gap_chatter: float = 0.0) -> list[Message] | None:
+             gap_chatter: float = 0.0, reach: int = WINDOW_REACH) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
     share `gap_chatter` of the window and update dialogues fill their gap with `chatter` and
-    small talk instead of small talk alone (0 draws exactly as before)."""
+    small talk instead of small talk alone (0 draws exactly as before). A detail asked about
+    in the window kinds was stated at most `reach` tokens before its question."""
     if kind == "long":
         return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
@@ -326,7 +328,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     else:
         msgs += talk.gap(rng.randint(*gap))
     for c, v in asks:
-        if v is not None and size(msgs) - where[c.name] > WINDOW_REACH:
+        if v is not None and size(msgs) - where[c.name] > reach:
             return None  # the statement would have left the window: that is the "recall" kind's case
         msgs += [{"role": "user", "content": rng.choice(c.questions)}, {"role": "assistant", "content": _answer(rng, c, v)}]
         msgs += talk.turns(rng.choice((0, 0, 1)))
@@ -336,7 +338,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
-              horizon: int = HORIZON, gap_chatter: float = 0.0) -> list[tuple[str, list[Message]]]:
+              horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -349,7 +351,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
-                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter)
+                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -495,6 +497,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--social-weight", type=int, default=1, metavar="K",
                     help="draw each social anchor (a greeting, thanks, a question about the assistant) K times as often as "
                          "the others (default 1)")
+    ap.add_argument("--reach", type=int, default=WINDOW_REACH, metavar="N",
+                    help=f"window kinds: a detail asked about was stated at most N tokens before its question "
+                         f"(default {WINDOW_REACH}; at most {MAX_REACH}, the edge of the 256-token window)")
     ap.add_argument("--without", default="", metavar="NAMES",
                     help="leave out these training concepts, comma-separated, to draw the mix of a run from before they "
                          "were added (run J's: --without bake_sale,choir,craft_market)")
@@ -508,7 +513,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--social-weight {a.social_weight}: give a whole number from 1 to 20")
     if not 1 <= a.anchor_details <= 4:
         ap.error(f"--anchor-details {a.anchor_details}: give 1 to 4")
-    lo, hi = _span(ap, "--gap", a.gap, 0, WINDOW_REACH, f"0 <= LO <= HI <= {WINDOW_REACH}", "60,200")
+    if not 0 < a.reach <= MAX_REACH:
+        ap.error(f"--reach {a.reach}: give a number of tokens from 1 to {MAX_REACH}")
+    lo, hi = _span(ap, "--gap", a.gap, 0, a.reach, f"0 <= LO <= HI <= --reach ({a.reach})", "60,200")
     llo, lhi = _span(ap, "--long-gap", a.long_gap, WINDOW_REACH + 1, LONG_GAP[1],
                      f"{WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}", "300,1500")
     if not 0 <= a.gap_chatter <= 1:
@@ -519,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
-                           gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without)))
+                           gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach)))
 
 
 if __name__ == "__main__":

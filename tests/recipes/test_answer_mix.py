@@ -153,6 +153,39 @@ def test_gap_option_bounds_the_small_talk_and_refuses_bad_ranges(tmp_path: Path,
     assert not (tmp_path / "x").exists()
 
 
+def _farthest_asked(msgs: list[dict]) -> int:
+    """Estimated tokens from the earliest statement of a detail that is asked and answered
+    to its question, in a window dialogue."""
+    most = 0
+    for i, m in enumerate(msgs):
+        for c in TRAIN_CONCEPTS:
+            if m["role"] == "user" and any(_pattern(q).fullmatch(m["content"]) for q in c.questions):
+                reply = msgs[i + 1]["content"]
+                starts = [j for j in range(i) if msgs[j]["role"] == "user"
+                          and any(_pattern(st).fullmatch(msgs[j]["content"]) for st in c.statements)]
+                if starts and not says_not_told(reply):
+                    most = max(most, size(msgs[starts[-1]:i]))
+    return most
+
+
+def test_reach_lets_window_questions_read_to_the_edge_of_the_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import MAX_REACH, WINDOW_REACH, main
+
+    edge = dialogues(150, 2, TRAIN_CONCEPTS, shares={"window": 1.0}, gap=(180, 244), reach=244)
+    plain = dialogues(150, 2, TRAIN_CONCEPTS, shares={"window": 1.0}, gap=(180, 220))
+    far_edge = [_farthest_asked(m) for _, m in edge]
+    far_plain = [_farthest_asked(m) for _, m in plain]
+    assert max(far_plain) <= WINDOW_REACH < max(far_edge) <= 244 == MAX_REACH
+    assert sum(f > WINDOW_REACH for f in far_edge) >= 10
+    assert plain == dialogues(150, 2, TRAIN_CONCEPTS, shares={"window": 1.0}, gap=(180, 220), reach=WINDOW_REACH)
+    for argv, said in ((["--reach", "300"], "--reach 300: give a number of tokens from 1 to 244"),
+                       (["--gap", "64,230"], "--gap '64,230'")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(tmp_path / "x"), *argv])
+        assert exc.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def _no_near_copies(held: tuple[str, ...], seen: tuple[str, ...]) -> None:
     """No held-out line shares 75% or more of its words (Jaccard) with any line of `seen`."""
     for h in held:
