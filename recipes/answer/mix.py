@@ -419,11 +419,16 @@ def weigh_social(anchors: Sequence[tuple[str, str]], weight: int) -> list[tuple[
     return [pair for pair in anchors for _ in range(weight if pair in heavy else 1)]
 
 
+def unknown_concepts(names: Sequence[str]) -> list[str]:
+    """Those of `names` that name no training concept, sorted."""
+    return sorted(set(names) - {c.name for c in TRAIN_CONCEPTS})
+
+
 def write(out: Path, *, train: int, eval_n: int, seed: int, anchors: Sequence[tuple[str, str]] = (), text: int = 0,
           social_weight: int = 1, without: Sequence[str] = (), **mix: Any) -> dict[str, Any]:
     """DIR/train.jsonl (+ `text` plain-text records), DIR/eval.jsonl and DIR/stats.json.
     `without` names training concepts to leave out (a mix drawn before they were added)."""
-    unknown = sorted(set(without) - {c.name for c in TRAIN_CONCEPTS})
+    unknown = unknown_concepts(without)
     if unknown:
         raise ValueError(f"no training concept named {', '.join(unknown)}")
     train_concepts = tuple(c for c in TRAIN_CONCEPTS if c.name not in set(without))
@@ -505,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
                          "were added (run J's: --without bake_sale,choir,craft_market)")
     a = ap.parse_args(argv)
     without = [n.strip() for n in a.without.split(",") if n.strip()]
-    unknown = sorted(set(without) - {c.name for c in TRAIN_CONCEPTS})
+    unknown = unknown_concepts(without)
     if unknown:
         ap.error(f"--without {','.join(unknown)}: no such training concept; "
                  f"the names are {', '.join(c.name for c in TRAIN_CONCEPTS)}")
