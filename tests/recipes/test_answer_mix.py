@@ -154,8 +154,8 @@ def test_gap_option_bounds_the_small_talk_and_refuses_bad_ranges(tmp_path: Path,
 
 
 def _farthest_asked(msgs: list[dict]) -> int:
-    """Estimated tokens from the earliest statement of a detail that is asked and answered
-    to its question, in a window dialogue."""
+    """The most estimated tokens from a detail's (latest) statement to a question that gets
+    it back, in a window dialogue."""
     most = 0
     for i, m in enumerate(msgs):
         for c in TRAIN_CONCEPTS:
