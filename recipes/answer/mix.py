@@ -38,6 +38,12 @@ Kinds of dialogue (`KIND_SHARES`):
   `chatter` (and small talk), whose names, colors and numbers are distractors of the
   details' own kinds (at 128 tokens the probe's misses gave a name, a number or a color from
   the conversation's other lines instead of the user's).
+  `--reach N` lets a window question ask about a detail stated up to N tokens back (at most
+  `MAX_REACH`, 244, the window's edge). `--edge-rival P`: a share P of the window dialogues
+  that state two details of the same kind and ask one state the asked one first, its gap
+  drawn so it sits 30-80 tokens below the reach, and the other last, nearer the question
+  (the second held-out set's misses at the edge gave the conversation's other weekday or
+  name).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 
@@ -69,6 +75,7 @@ CHARS_PER_TOKEN = 4
 GAP_TOKENS = (0, 200)  # small talk between the last statement and the first question ("window" kind)
 WINDOW_REACH = 220  # a statement asked about in the window kinds starts at most this many tokens before the question (window 256)
 MAX_REACH = 244  # --reach at most: the question (~10 tokens) then ends within the 256-token window
+EDGE_SLACK = (30, 80)  # --edge-rival: the gap's target leaves this many tokens below the reach (a gap overshoots by up to an exchange)
 MAX_TOKENS = 480  # a dialogue fits one row of --seq-len 512 (--pack rows)
 KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14, "long": 0.0}  # drawn; rejections shift the kept shares a little
 LONG_GAP = (300, 1_500)  # "long" kind: tokens of chat between the last statement and the first question
@@ -249,16 +256,34 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
     return rng.choice(UPDATE_LEADS) + say(rng.choice(c.statements), v)
 
 
+def _edge_order(said: list[tuple[TrainConcept, str, str]], asks: list[tuple[TrainConcept, str | None]]
+                ) -> tuple[list[tuple[TrainConcept, str, str]], list[tuple[TrainConcept, str | None]]] | None:
+    """The statements and questions of an edge-rival draw: the first asked detail that has a
+    stated rival of the same kind is stated first and asked first, its rival stated last
+    (nearest the question). None when no asked detail has a rival."""
+    for j, (c, v) in enumerate(asks):
+        rivals = [st for st in said if st[0].kind == c.kind and st[0].name != c.name]
+        if v is None or not rivals:
+            continue
+        first = next(st for st in said if st[0].name == c.name)
+        middle = [st for st in said if st is not first and st is not rivals[0]]
+        return [first, *middle, rivals[0]], [asks[j], *asks[:j], *asks[j + 1:]]
+    return None
+
+
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
              anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
-             gap_chatter: float = 0.0, reach: int = WINDOW_REACH) -> list[Message] | None:
+             gap_chatter: float = 0.0, reach: int = WINDOW_REACH, edge_rival: float = 0.0) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
     share `gap_chatter` of the window and update dialogues fill their gap with `chatter` and
     small talk instead of small talk alone (0 draws exactly as before). A detail asked about
-    in the window kinds was stated at most `reach` tokens before its question."""
+    in the window kinds was stated at most `reach` tokens before its question. A share
+    `edge_rival` of the window dialogues that state two details of the same kind and ask one
+    state the asked one first, at the edge of the reach, and its rival last, nearer the
+    question (0 draws exactly as before)."""
     if kind == "long":
         return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
@@ -312,6 +337,9 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": _answer(rng, c, v)}]
             msgs += talk.turns(rng.choice((0, 0, 1)))
         return msgs if any(m["role"] == BLOCK_ROLE for m in msgs) else None  # no block: not this kind
+    edge = kind == "window" and edge_rival and rng.random() < edge_rival and _edge_order(said, asks)
+    if edge:
+        said, asks = edge
     msgs += talk.turns(rng.choice((0, 1)))
     where: dict[str, int] = {}  # concept -> estimated token position where its (latest) statement starts
     for i, (c, _, text) in enumerate(said):
@@ -323,10 +351,17 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         req, reply = rng.choice(anchors)
         msgs += [{"role": "user", "content": req}, {"role": "assistant", "content": reply}]
         asks = asks[:1]
-    elif gap_chatter and rng.random() < gap_chatter:
-        msgs += _long_chat(rng, talk, (), rng.randint(*gap), [v for _, v, _ in said])
     else:
-        msgs += talk.gap(rng.randint(*gap))
+        chat = gap_chatter and rng.random() < gap_chatter
+        if edge:  # as far as the reach allows: the asked detail at the edge, its rival nearer
+            room = reach - (size(msgs) - where[asks[0][0].name])
+            target = max(0, room - rng.randint(*EDGE_SLACK))
+        else:
+            target = rng.randint(*gap)
+        if chat:
+            msgs += _long_chat(rng, talk, (), target, [v for _, v, _ in said])
+        else:
+            msgs += talk.gap(target)
     for c, v in asks:
         if v is not None and size(msgs) - where[c.name] > reach:
             return None  # the statement would have left the window: that is the "recall" kind's case
@@ -338,7 +373,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
 def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]] = (), *,
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
-              horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH) -> list[tuple[str, list[Message]]]:
+              horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH,
+              edge_rival: float = 0.0) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -351,7 +387,8 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
-                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach)
+                        anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach,
+                        edge_rival=edge_rival)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -505,6 +542,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reach", type=int, default=WINDOW_REACH, metavar="N",
                     help=f"window kinds: a detail asked about was stated at most N tokens before its question "
                          f"(default {WINDOW_REACH}; at most {MAX_REACH}, the edge of the 256-token window)")
+    ap.add_argument("--edge-rival", type=float, default=0.0, metavar="P",
+                    help="share of window dialogues with two details of the same kind that state the asked one first, "
+                         "at the edge of --reach, and the other last, nearer the question (default 0)")
     ap.add_argument("--without", default="", metavar="NAMES",
                     help="leave out these training concepts, comma-separated, to draw the mix of a run from before they "
                          "were added (run J's: --without bake_sale,choir,craft_market)")
@@ -525,13 +565,16 @@ def main(argv: list[str] | None = None) -> None:
                      f"{WINDOW_REACH} < LO <= HI <= {LONG_GAP[1]}", "300,1500")
     if not 0 <= a.gap_chatter <= 1:
         ap.error(f"--gap-chatter {a.gap_chatter}: give a share from 0 to 1")
+    if not 0 <= a.edge_rival <= 1:
+        ap.error(f"--edge-rival {a.edge_rival}: give a share from 0 to 1")
     if a.horizon < 0:
         ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
     print(json.dumps(write(a.out, train=a.train, eval_n=a.eval, seed=a.seed, anchors=read_anchors(a.anchors),
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
-                           gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach)))
+                           gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach,
+                           edge_rival=a.edge_rival)))
 
 
 if __name__ == "__main__":

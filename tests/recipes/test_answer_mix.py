@@ -186,6 +186,47 @@ def test_reach_lets_window_questions_read_to_the_edge_of_the_window(tmp_path: Pa
     assert not (tmp_path / "x").exists()
 
 
+def _edge_rival(msgs: list[dict]) -> int | None:
+    """Estimated tokens from the first answered question back to its detail's statement, when
+    that detail was stated first and one of the same kind after it; None otherwise."""
+    def concept(text: str, phrasings: str) -> object | None:
+        return next((c for c in TRAIN_CONCEPTS if any(_pattern(p).fullmatch(text) for p in getattr(c, phrasings))), None)
+
+    stated: list[tuple[int, object]] = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "user":
+            continue
+        asked = concept(m["content"], "questions")
+        if asked is None:
+            c = concept(m["content"], "statements")
+            stated += [(i, c)] if c is not None else []
+            continue
+        if says_not_told(msgs[i + 1]["content"]) or not stated or stated[0][1] is not asked:
+            return None
+        rival = any(c.kind == asked.kind for _, c in stated[1:])  # type: ignore[attr-defined]
+        return size(msgs[stated[0][0]:i]) if rival else None
+    return None
+
+
+def test_edge_rival_states_the_asked_detail_at_the_edge_and_its_rival_nearer(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import EDGE_SLACK, main
+
+    kw = {"shares": {"window": 1.0}, "gap": (64, 244), "reach": 244}
+    edge = [_edge_rival(m) for _, m in dialogues(200, 3, TRAIN_CONCEPTS, edge_rival=1.0, **kw)]
+    plain = [_edge_rival(m) for _, m in dialogues(200, 3, TRAIN_CONCEPTS, **kw)]
+    at_edge = [d for d in edge if d is not None]
+    # Every such draw puts the asked detail within the slack below the reach, never past it.
+    assert len(at_edge) >= 80 and all(244 - EDGE_SLACK[1] <= d <= 244 for d in at_edge)
+    # Without the option the same order comes only by chance, and seldom at the edge.
+    assert sum(d is not None and d >= 244 - EDGE_SLACK[1] for d in plain) < len(at_edge) // 3
+    assert dialogues(50, 3, TRAIN_CONCEPTS, edge_rival=0.0, **kw) == dialogues(50, 3, TRAIN_CONCEPTS, **kw)
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--edge-rival", "1.5"])
+    assert exc.value.code == 2 and "--edge-rival 1.5: give a share from 0 to 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def _no_near_copies(held: tuple[str, ...], seen: tuple[str, ...]) -> None:
     """No held-out line shares 75% or more of its words (Jaccard) with any line of `seen`."""
     for h in held:
