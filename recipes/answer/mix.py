@@ -41,7 +41,8 @@ Kinds of dialogue (`KIND_SHARES`):
   `--reach N` lets a window question ask about a detail stated up to N tokens back (at most
   `MAX_REACH`, 244, the window's edge). `--edge-rival P`: a share P of the window dialogues
   that state two details of the same kind and ask one state the asked one first, its gap
-  drawn so it sits 30-80 tokens below the reach, and the other last, nearer the question
+  aimed 30-80 tokens short of the reach (the last exchange may run past the aim, never past
+  the reach), and the other last, nearer the question
   (the second held-out set's misses at the edge gave the conversation's other weekday or
   name).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
