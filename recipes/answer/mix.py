@@ -42,9 +42,8 @@ Kinds of dialogue (`KIND_SHARES`):
   `MAX_REACH`, 244, the window's edge). `--edge-rival P`: a share P of the window dialogues
   that state two details of the same kind and ask one state the asked one first, its gap
   aimed 30-80 tokens short of the reach (the last exchange may run past the aim, never past
-  the reach), and the other last, nearer the question
-  (the second held-out set's misses at the edge gave the conversation's other weekday or
-  name).
+  the reach), and the other last, nearer the question (the second held-out set's misses at
+  the edge gave the conversation's other weekday or name).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 

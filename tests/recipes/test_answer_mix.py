@@ -14,7 +14,7 @@ import pytest
 from agent.probes.natural_text import CONCEPTS as PROBE_CONCEPTS
 from agent.probes.natural_text import HELDOUT_VALUES, mentions, says_not_told
 from agent.recall.rule import BLOCK_ROLE, HEADER
-from recipes.answer.concepts import CONCEPTS, TRAIN_CONCEPTS, TRAIN_VALUES
+from recipes.answer.concepts import CONCEPTS, TRAIN_CONCEPTS, TRAIN_VALUES, TrainConcept
 from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
 from recipes.answer.mix import GAP_TOKENS, KIND_SHARES, MAX_TOKENS, dialogues, size, write
 from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS, HELDOUT_SOCIAL, SOCIAL_REQUESTS, claims_user_said
@@ -189,10 +189,10 @@ def test_reach_lets_window_questions_read_to_the_edge_of_the_window(tmp_path: Pa
 def _edge_rival(msgs: list[dict]) -> int | None:
     """Estimated tokens from the first answered question back to its detail's statement, when
     that detail was stated first and one of the same kind after it; None otherwise."""
-    def concept(text: str, phrasings: str) -> object | None:
+    def concept(text: str, phrasings: str) -> TrainConcept | None:
         return next((c for c in TRAIN_CONCEPTS if any(_pattern(p).fullmatch(text) for p in getattr(c, phrasings))), None)
 
-    stated: list[tuple[int, object]] = []
+    stated: list[tuple[int, TrainConcept]] = []
     for i, m in enumerate(msgs):
         if m["role"] != "user":
             continue
@@ -203,7 +203,7 @@ def _edge_rival(msgs: list[dict]) -> int | None:
             continue
         if says_not_told(msgs[i + 1]["content"]) or not stated or stated[0][1] is not asked:
             return None
-        rival = any(c.kind == asked.kind for _, c in stated[1:])  # type: ignore[attr-defined]
+        rival = any(c.kind == asked.kind for _, c in stated[1:])
         return size(msgs[stated[0][0]:i]) if rival else None
     return None
 
