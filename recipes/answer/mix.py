@@ -42,8 +42,10 @@ Kinds of dialogue (`KIND_SHARES`):
   `MAX_REACH`, 244, the window's edge). `--edge-rival P`: a share P of the window dialogues
   that state two details of the same kind and ask one state the asked one first, its gap
   aimed 30-80 tokens short of the reach (the last exchange may run past the aim, never past
-  the reach), and the other last, nearer the question (the second held-out set's misses at
-  the edge gave the conversation's other weekday or name).
+  the reach), and the other last, nearer the question. `--rival-first F`: a share F of
+  those draws turn the order round: the rival first, beyond the reach, and the asked detail
+  after it, at the edge (the second held-out set's misses at 241-253 tokens gave the weekday
+  or name stated *before* the asked one, with the window at 256 tokens and at 512 alike).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 
@@ -256,25 +258,28 @@ def _update_line(rng: random.Random, c: TrainConcept, v: str) -> str:
     return rng.choice(UPDATE_LEADS) + say(rng.choice(c.statements), v)
 
 
-def _edge_order(said: list[tuple[TrainConcept, str, str]], asks: list[tuple[TrainConcept, str | None]]
+def _edge_order(said: list[tuple[TrainConcept, str, str]], asks: list[tuple[TrainConcept, str | None]], rival_first: bool = False
                 ) -> tuple[list[tuple[TrainConcept, str, str]], list[tuple[TrainConcept, str | None]]] | None:
     """The statements and questions of an edge-rival draw: the first asked detail that has a
     stated rival of the same kind is stated first and asked first, its rival stated last
-    (nearest the question). None when no asked detail has a rival."""
+    (nearest the question); with `rival_first`, the rival is stated first and the asked
+    detail last. None when no asked detail has a rival."""
     for j, (c, v) in enumerate(asks):
         rivals = [st for st in said if st[0].kind == c.kind and st[0].name != c.name]
         if v is None or not rivals:
             continue
         first = next(st for st in said if st[0].name == c.name)
         middle = [st for st in said if st is not first and st is not rivals[0]]
-        return [first, *middle, rivals[0]], [asks[j], *asks[:j], *asks[j + 1:]]
+        order = [rivals[0], *middle, first] if rival_first else [first, *middle, rivals[0]]
+        return order, [asks[j], *asks[:j], *asks[j + 1:]]
     return None
 
 
 def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *, not_told: float = NOT_TOLD_SHARE,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
              anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
-             gap_chatter: float = 0.0, reach: int = WINDOW_REACH, edge_rival: float = 0.0) -> list[Message] | None:
+             gap_chatter: float = 0.0, reach: int = WINDOW_REACH, edge_rival: float = 0.0,
+             rival_first: float = 0.0) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
@@ -283,7 +288,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     in the window kinds was stated at most `reach` tokens before its question. A share
     `edge_rival` of the window dialogues that state two details of the same kind and ask one
     state the asked one first, at the edge of the reach, and its rival last, nearer the
-    question (0 draws exactly as before)."""
+    question; a share `rival_first` of those state the rival first and the asked one last,
+    at the edge (0 and 0 draw exactly as before)."""
     if kind == "long":
         return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
@@ -337,7 +343,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": _answer(rng, c, v)}]
             msgs += talk.turns(rng.choice((0, 0, 1)))
         return msgs if any(m["role"] == BLOCK_ROLE for m in msgs) else None  # no block: not this kind
-    edge = kind == "window" and edge_rival and rng.random() < edge_rival and _edge_order(said, asks)
+    edge = kind == "window" and edge_rival and rng.random() < edge_rival and \
+        _edge_order(said, asks, bool(rival_first) and rng.random() < rival_first)
     if edge:
         said, asks = edge
     msgs += talk.turns(rng.choice((0, 1)))
@@ -353,7 +360,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         asks = asks[:1]
     else:
         chat = gap_chatter and rng.random() < gap_chatter
-        if edge:  # as far as the reach allows: the asked detail at the edge, its rival nearer
+        if edge:  # as far as the reach allows: the asked detail at the edge, its rival nearer (or beyond it)
             room = reach - (size(msgs) - where[asks[0][0].name])
             target = max(0, room - rng.randint(*EDGE_SLACK))
         else:
@@ -374,7 +381,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
               horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH,
-              edge_rival: float = 0.0) -> list[tuple[str, list[Message]]]:
+              edge_rival: float = 0.0, rival_first: float = 0.0) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -388,7 +395,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
                         anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach,
-                        edge_rival=edge_rival)
+                        edge_rival=edge_rival, rival_first=rival_first)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -545,6 +552,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--edge-rival", type=float, default=0.0, metavar="P",
                     help="share of window dialogues with two details of the same kind that state the asked one first, "
                          "at the edge of --reach, and the other last, nearer the question (default 0)")
+    ap.add_argument("--rival-first", type=float, default=0.0, metavar="F",
+                    help="share of the --edge-rival draws that state the other detail first and the asked one last, "
+                         "at the edge of --reach (default 0)")
     ap.add_argument("--without", default="", metavar="NAMES",
                     help="leave out these training concepts, comma-separated, to draw the mix of a run from before they "
                          "were added (run J's: --without bake_sale,choir,craft_market)")
@@ -567,6 +577,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--gap-chatter {a.gap_chatter}: give a share from 0 to 1")
     if not 0 <= a.edge_rival <= 1:
         ap.error(f"--edge-rival {a.edge_rival}: give a share from 0 to 1")
+    if not 0 <= a.rival_first <= 1:
+        ap.error(f"--rival-first {a.rival_first}: give a share from 0 to 1")
+    if a.rival_first and not a.edge_rival:
+        ap.error(f"--rival-first {a.rival_first} turns round --edge-rival draws: give --edge-rival P too")
     if a.horizon < 0:
         ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
@@ -574,7 +588,7 @@ def main(argv: list[str] | None = None) -> None:
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
                            gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach,
-                           edge_rival=a.edge_rival)))
+                           edge_rival=a.edge_rival, rival_first=a.rival_first)))
 
 
 if __name__ == "__main__":
