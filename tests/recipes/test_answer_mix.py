@@ -605,6 +605,40 @@ def test_measure_back_counts_from_the_statement_to_the_question() -> None:
                 assert filler >= d
 
 
+def test_ablate_changes_one_thing_at_a_time_and_asks_each_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.probes import natural
+    from agent.runtime.checkpoint import load_model, save_model_dir
+    from recipes.answer.ablate import NEUTRAL, main, variants
+
+    lm = load_model("tiny")
+    tok, tpl = lm.tokenizer, lm.template
+    t, c = next((t, c) for t, c in ((t, natural.build_conversation(lm, c, 0, 64, t)) for t, c in enumerate(natural.plan(0, 64, 26)))
+                if len(c.distractors) == 2)
+    got = dict(variants(lm, c))
+    assert got["as measured"] is c
+    others = [body for role, body, _ in c.said if role == "user" and not mentions(body, c.value)]
+    for body in others:  # the other statement gone, every other token kept
+        v = got[f"neutral for {body!r}"]
+        assert NEUTRAL in tok.decode(v.ids) and body not in tok.decode(v.ids)
+        assert v.ids[-sum(len(tpl.message(tok, p.role, p.text)) for p in c.pieces):] == \
+            c.ids[-sum(len(tpl.message(tok, p.role, p.text)) for p in c.pieces):]
+    swapped = got["asked and last other swapped"]
+    assert sorted(swapped.ids) == sorted(c.ids) and swapped.ids != c.ids
+    cuts = [(int(k.split()[4]), v) for k, v in got.items() if k.startswith("small talk cut")]
+    assert cuts[0][0] == 0 and [n for n, _ in cuts] == sorted(n for n, _ in cuts) and cuts[-1][0] < c.filler_tokens + 64
+    assert all(v.said == c.said and len(v.ids) < len(c.ids) for _, v in cuts)
+    model_dir = tmp_path / "tiny"
+    save_model_dir(lm, model_dir)
+    main(["-m", str(model_dir), "--set", "probe", "--distance", "64", "--trials", "26", str(t), "--out", str(tmp_path / "a.json")])
+    rows = json.loads((tmp_path / "a.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == list(got) and all(r["value"] == c.value for r in rows)
+    assert all(r["kind"] in ("recalled", "refused", "wrong") for r in rows)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["-m", str(model_dir), "--trials", "26", "30"])
+    assert exc.value.code == 2 and "trial 30: give a trial number from 0 to 25 (--trials 26)" in capsys.readouterr().err
+
+
 def test_mean_of_lora_deltas_averages_factors_and_refuses_mismatches(tmp_path: Path) -> None:
     import torch
 
