@@ -43,8 +43,8 @@ Kinds of dialogue (`KIND_SHARES`):
   that state two details of the same kind and ask one state the asked one first, its gap
   aimed 30-80 tokens short of the reach (the last exchange may run past the aim, never past
   the reach), and the other last, nearer the question. `--rival-first F`: a share F of
-  those draws turn the order round: the rival first, beyond the reach, and the asked detail
-  after it, at the edge (the second held-out set's misses at 241-253 tokens gave the weekday
+  those draws turn the order round: the rival first, farther back (often past the reach),
+  and the asked detail after it, at the edge (the second held-out set's misses at 241-253 tokens gave the weekday
   or name stated *before* the asked one, with the window at 256 tokens and at 512 alike).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
