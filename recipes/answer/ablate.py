@@ -24,9 +24,7 @@ import torch
 
 from agent.probes.natural import Conversation, _ask, _read, build_conversation, plan, score_stated
 from agent.probes.natural_text import mentions
-from agent.runtime.checkpoint import load_model_dir
-from agent.runtime.delta import apply_delta, read_delta
-from recipes.answer.measure import concept_set
+from recipes.answer.measure import concept_set, load_tuned
 
 NEUTRAL = "I went for a long walk by the river this morning."
 
@@ -81,9 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         ap.error(f"trial {bad[0]}: give a trial number from 0 to {a.trials - 1} (--trials {a.trials})")
     torch.set_num_threads(2)
-    lm = load_model_dir(a.model)
-    if a.delta:
-        apply_delta(lm.model, *read_delta(a.delta))
+    lm = load_tuned(a.model, a.delta)
     with concept_set(a.set):
         chosen = plan(a.seed, a.distance, a.trials)
         asked = [(t, label, v) for t in a.trial

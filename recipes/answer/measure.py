@@ -29,7 +29,8 @@ import torch
 from agent.probes import natural
 from agent.probes.natural import _ask, _read, build_conversation, plan, score_absent, score_stated
 from agent.runtime.checkpoint import load_model_dir
-from agent.runtime.delta import apply_delta, read_delta
+from agent.runtime.delta import DeltaError, apply_delta, read_delta
+from agent.runtime.modeldir import ModelLoadError
 from agent.probes.natural_text import make_value, mentions
 from recipes.answer.heldout2 import HELDOUT2_CONCEPTS, HELDOUT2_VALUES
 
@@ -47,6 +48,18 @@ def concept_set(name: str) -> Iterator[None]:
     with mock.patch.object(natural, "CONCEPTS", HELDOUT2_CONCEPTS), \
             mock.patch.object(natural, "make_value", lambda rng, kind, pools=HELDOUT2_VALUES: make_value(rng, kind, pools)):
         yield
+
+
+def load_tuned(model: str, delta: str | None, device: str = "cpu"):  # type: ignore[no-untyped-def]
+    """The model directory with the delta applied; a missing or unreadable one exits with
+    one line naming it."""
+    try:
+        lm = load_model_dir(model, device=device)
+        if delta:
+            apply_delta(lm.model, *read_delta(delta))
+    except (ModelLoadError, DeltaError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+    return lm
 
 
 def _horizon(lm) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -90,9 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="cpu | cuda: where the model runs (float32 either way)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    lm = load_model_dir(a.model, device=a.device)
-    if a.delta:
-        apply_delta(lm.model, *read_delta(a.delta))
+    lm = load_tuned(a.model, a.delta, a.device)
     with concept_set(a.set):
         convs = [build_conversation(lm, c, a.seed, a.distance, t) for t, c in enumerate(plan(a.seed, a.distance, a.trials))]
         replies, _, _ = _ask(lm, _read(lm, convs), convs, _horizon(lm) if a.refresh == "on" else None)

@@ -637,6 +637,11 @@ def test_ablate_changes_one_thing_at_a_time_and_asks_each_variant(tmp_path: Path
     with pytest.raises(SystemExit) as exc:
         main(["-m", str(model_dir), "--trials", "26", "30"])
     assert exc.value.code == 2 and "trial 30: give a trial number from 0 to 25 (--trials 26)" in capsys.readouterr().err
+    (tmp_path / "torn.safetensors").write_bytes(b"\x10\x00\x00")
+    for delta, said in (("gone.safetensors", "No such file"), ("torn.safetensors", "torn.safetensors")):
+        with pytest.raises(SystemExit, match=f"^error: .*{said}") as exc:
+            main(["-m", str(model_dir), "--delta", str(tmp_path / delta), "--trials", "26", "0"])
+        assert "\n" not in str(exc.value.code)
 
 
 def test_mean_of_lora_deltas_averages_factors_and_refuses_mismatches(tmp_path: Path) -> None:
