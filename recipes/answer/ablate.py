@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen = plan(a.seed, a.distance, a.trials)
         asked = [(t, label, v) for t in a.trial
                  for label, v in variants(lm, build_conversation(lm, chosen[t], a.seed, a.distance, t))]
-        replies, _, _ = _ask(lm, _read(lm, [v for *_, v in asked]), [v for *_, v in asked], None)
+        convs = [v for *_, v in asked]
+        replies, _, _ = _ask(lm, _read(lm, convs), convs, None)
     rows = [{"trial": t, "concept": c.concept.name, "value": c.value, "question": c.question, "variant": label,
              "reply": reply, "kind": score_stated(reply, c.value)} for (t, label, c), (reply, _) in zip(asked, replies)]
     for r in rows:

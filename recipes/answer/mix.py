@@ -44,8 +44,9 @@ Kinds of dialogue (`KIND_SHARES`):
   aimed 30-80 tokens short of the reach (the last exchange may run past the aim, never past
   the reach), and the other last, nearer the question. `--rival-first F`: a share F of
   those draws turn the order round: the rival first, farther back (often past the reach),
-  and the asked detail after it, at the edge (the second held-out set's misses at 241-253 tokens gave the weekday
-  or name stated *before* the asked one, with the window at 256 tokens and at 512 alike).
+  and the asked detail after it, at the edge (the second held-out set's misses at 241-253
+  tokens gave the weekday or name stated *before* the asked one, with the window at 256
+  tokens and at 512 alike).
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 
@@ -360,7 +361,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         asks = asks[:1]
     else:
         chat = gap_chatter and rng.random() < gap_chatter
-        if edge:  # as far as the reach allows: the asked detail at the edge, its rival nearer (or beyond it)
+        if edge:  # as far as the reach allows: the asked detail at the edge, its rival nearer (or, rival first, farther)
             room = reach - (size(msgs) - where[asks[0][0].name])
             target = max(0, room - rng.randint(*EDGE_SLACK))
         else:
