@@ -35,6 +35,7 @@ from agent.probes.engine import greedy_rows
 from agent.probes.natural_text import says_not_told
 from agent.runtime.checkpoint import LoadedModel, load_model_dir
 from agent.runtime.delta import apply_delta, read_delta
+from recipes.answer.measure import one_line_errors
 from recipes.answer.requests import HELDOUT_REQUESTS, HELDOUT_SOCIAL, claims_user_said
 from recipes.smollm2_hybrid.text import stdlib_text
 
@@ -118,19 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="cpu | cuda: where the models run (float32 either way)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    lm = load_model_dir(a.model, device=a.device)
+    with one_line_errors():  # before the base's replies, which take minutes
+        lm = load_model_dir(a.model, device=a.device)
+        delta = read_delta(a.delta) if a.delta else None
+        tuned = load_model_dir(a.tuned, device=a.device) if a.tuned else lm
     text = lm.tokenizer.encode(stdlib_text(8000))[:TEXT_TOKENS]
     gpl_text = license_text()
     gpl = lm.tokenizer.encode(gpl_text)[:TEXT_TOKENS] if gpl_text else None
     base_replies, base_social = replies(lm), replies(lm, HELDOUT_SOCIAL)
     chats = [(_prefix(lm, p), r) for p, r in zip(PROMPTS, base_replies) if r]
     before = losses(lm, chats, text, gpl)
-    if a.delta:
-        tensors, fmt = read_delta(a.delta)
-        apply_delta(lm.model, tensors, fmt)
-        tuned = lm
-    else:
-        tuned = load_model_dir(a.tuned, device=a.device)
+    if delta:
+        apply_delta(lm.model, *delta)
     after = losses(tuned, chats, text, gpl)
     samples = scored(lm, PROMPTS, base_replies, replies(tuned))
     social_samples = scored(lm, HELDOUT_SOCIAL, base_social, replies(tuned, HELDOUT_SOCIAL))

@@ -50,15 +50,21 @@ def concept_set(name: str) -> Iterator[None]:
         yield
 
 
-def load_tuned(model: str, delta: str | None, device: str = "cpu"):  # type: ignore[no-untyped-def]
-    """The model directory with the delta applied; a missing or unreadable one exits with
-    one line naming it."""
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A missing or unreadable model directory or delta exits with one line naming it."""
     try:
+        yield
+    except (ModelLoadError, DeltaError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def load_tuned(model: str, delta: str | None, device: str = "cpu"):  # type: ignore[no-untyped-def]
+    """The model directory with the delta applied (`one_line_errors`)."""
+    with one_line_errors():
         lm = load_model_dir(model, device=device)
         if delta:
             apply_delta(lm.model, *read_delta(delta))
-    except (ModelLoadError, DeltaError, OSError) as e:
-        raise SystemExit(f"error: {e}") from None
     return lm
 
 

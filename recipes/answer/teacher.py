@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from agent.probes.engine import greedy_rows
-from agent.runtime.checkpoint import load_model_dir
+from recipes.answer.measure import load_tuned
 from recipes.answer.requests import ANCHOR_REQUESTS, HELDOUT_REQUESTS
 
 REPLY_TOKENS = 128
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     if not todo:
         print(f"all {len(SETS[a.set])} requests of --set {a.set} are in {a.out}")
         return
-    lm = load_model_dir(a.model, device=a.device)
+    lm = load_tuned(a.model, None, a.device)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     kept = 0
     t0 = time.perf_counter()

@@ -669,3 +669,26 @@ def test_mean_of_lora_deltas_averages_factors_and_refuses_mismatches(tmp_path: P
         mean_lora([a, tmp_path / "gone.safetensors"])
     with pytest.raises(SystemExit, match="at least two"):
         main([str(a), "--out", str(tmp_path / "x.safetensors")])
+
+
+def test_check_and_teacher_refuse_a_missing_or_torn_delta_or_model_in_one_line_before_any_reply(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import recipes.answer.check as check
+    from agent.runtime.checkpoint import load_model, save_model_dir
+    from recipes.answer.teacher import main as teacher
+
+    model_dir = tmp_path / "tiny"
+    save_model_dir(load_model("tiny"), model_dir)
+    asked: list[object] = []
+    monkeypatch.setattr(check, "replies", lambda *a, **k: asked.append(a) or [])
+    (tmp_path / "torn.safetensors").write_bytes(b"\x10\x00\x00")
+    for args, said in ((["--delta", str(tmp_path / "gone.safetensors")], "No such file"),
+                       (["--delta", str(tmp_path / "torn.safetensors")], "torn.safetensors"),
+                       (["--tuned", str(tmp_path / "gone")], "gone")):
+        with pytest.raises(SystemExit, match=f"^error: .*{said}") as exc:
+            check.main(["-m", str(model_dir), *args])
+        assert "\n" not in str(exc.value.code)
+    assert asked == []  # the base's replies (minutes on the real model) were never started
+    with pytest.raises(SystemExit, match="^error: .*nowhere") as exc:
+        teacher(["-m", str(tmp_path / "nowhere"), "--out", str(tmp_path / "anchors.jsonl"), "--limit", "1"])
+    assert "\n" not in str(exc.value.code) and not (tmp_path / "anchors.jsonl").exists()
