@@ -46,7 +46,12 @@ Kinds of dialogue (`KIND_SHARES`):
   those draws turn the order round: the rival first, farther back (often past the reach),
   and the asked detail after it, at the edge (the second held-out set's misses at 241-253
   tokens gave the weekday or name stated *before* the asked one, with the window at 256
-  tokens and at 512 alike).
+  tokens and at 512 alike). `--even-pairs P`: a share P of the window dialogues state two
+  details of one kind and ask one of them, the kind drawn evenly over the kinds with two or
+  more concepts. Without it a third of the window dialogues ask about one of a same-kind pair
+  (105 of 300 drawn), a quarter of those persons; with P = 1 nearly all do (296 of 300),
+  each kind about as often, days (8 -> 19) among them: the second held-out set's same-kind
+  misses at the edge were weekdays as often as names.
 - plain text (`--text N`): N records of the Python reference's prose, trained as a document,
   so the tuned model still reads prose as the base does.
 
@@ -125,6 +130,19 @@ def _pick(rng: random.Random, concepts: Sequence[TrainConcept], k: int) -> list[
         if c not in out:
             out.append(c)
     return out
+
+
+def _even_pair(rng: random.Random, concepts: Sequence[TrainConcept], k: int) -> list[TrainConcept] | None:
+    """k distinct concepts whose first two share a kind, that kind drawn evenly over the kinds
+    with two or more concepts (`_pick` draws in proportion to how many each has); None when
+    no kind has two."""
+    kinds = sorted({c.kind for c in concepts if sum(d.kind == c.kind for d in concepts) >= 2})
+    if not kinds:
+        return None
+    kind = rng.choice(kinds)
+    out = rng.sample([c for c in concepts if c.kind == kind], 2)
+    rest = [c for c in concepts if c not in out]
+    return out + rng.sample(rest, min(k - 2, len(rest)))
 
 
 class _Talk:
@@ -280,7 +298,7 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
              anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
              gap_chatter: float = 0.0, reach: int = WINDOW_REACH, edge_rival: float = 0.0,
-             rival_first: float = 0.0) -> list[Message] | None:
+             rival_first: float = 0.0, even_pairs: float = 0.0) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
@@ -290,7 +308,9 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     `edge_rival` of the window dialogues that state two details of the same kind and ask one
     state the asked one first, at the edge of the reach, and its rival last, nearer the
     question; a share `rival_first` of those state the rival first and the asked one last,
-    at the edge (0 and 0 draw exactly as before)."""
+    at the edge (0 and 0 draw exactly as before). A share `even_pairs` of the window dialogues
+    state two details of one kind, the kind drawn evenly over the kinds (`_even_pair`), and ask
+    the first of them (0 draws exactly as before)."""
     if kind == "long":
         return _long(rng, concepts, anchors, near, long_gap, horizon)
     talk = _Talk(rng)
@@ -307,7 +327,9 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
         k = rng.randint(1, anchor_details) if anchor_details > 1 else 1  # 1: draws as mix3c's did
     else:
         k = rng.choice((1, 2, 2, 3, 4))
-    stated = _pick(rng, concepts, k)
+    pair = kind == "window" and even_pairs and rng.random() < even_pairs and \
+        _even_pair(rng, concepts, rng.choice((2, 2, 3, 4)))
+    stated = pair or _pick(rng, concepts, k)
     facts = {c.name: (c, _value(rng, c.kind, taken)) for c in stated}
     # The statements, in order, as (concept, value, text); an update restates one later.
     said: list[tuple[TrainConcept, str, str]] = [(c, v, say(rng.choice(c.statements), v)) for c, v in facts.values()]
@@ -322,6 +344,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     asks = _questions(rng, concepts, facts, not_told, near)
     if kind == "update" and not any(v is not None and a.name == said[-1][0].name for a, v in asks):
         asks.insert(0, facts[said[-1][0].name])  # the updated detail is always asked
+    if pair and not any(v is not None and a.name in (pair[0].name, pair[1].name) for a, v in asks):
+        asks.insert(0, facts[pair[0].name])  # one of the pair is always asked
     recall = kind == "recall" or (kind == "update" and rng.random() < 0.4)
     if recall:
         # Long ago: the statements are not in this dialogue, only in what the block brings back.
@@ -382,7 +406,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
               horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH,
-              edge_rival: float = 0.0, rival_first: float = 0.0) -> list[tuple[str, list[Message]]]:
+              edge_rival: float = 0.0, rival_first: float = 0.0, even_pairs: float = 0.0) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -396,7 +420,7 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
                         anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach,
-                        edge_rival=edge_rival, rival_first=rival_first)
+                        edge_rival=edge_rival, rival_first=rival_first, even_pairs=even_pairs)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -556,6 +580,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rival-first", type=float, default=0.0, metavar="F",
                     help="share of the --edge-rival draws that state the other detail first and the asked one last, "
                          "at the edge of --reach (default 0)")
+    ap.add_argument("--even-pairs", type=float, default=0.0, metavar="P",
+                    help="share of window dialogues that state two details of one kind, the kind drawn evenly over the "
+                         "kinds, and ask one of them (default 0; with --edge-rival they go to the edge)")
     ap.add_argument("--without", default="", metavar="NAMES",
                     help="leave out these training concepts, comma-separated, to draw the mix of a run from before they "
                          "were added (run J's: --without bake_sale,choir,craft_market)")
@@ -582,6 +609,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--rival-first {a.rival_first}: give a share from 0 to 1")
     if a.rival_first and not a.edge_rival:
         ap.error(f"--rival-first {a.rival_first} turns round --edge-rival draws: give --edge-rival P too")
+    if not 0 <= a.even_pairs <= 1:
+        ap.error(f"--even-pairs {a.even_pairs}: give a share from 0 to 1")
     if a.horizon < 0:
         ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
@@ -589,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
                            gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach,
-                           edge_rival=a.edge_rival, rival_first=a.rival_first)))
+                           edge_rival=a.edge_rival, rival_first=a.rival_first, even_pairs=a.even_pairs)))
 
 
 if __name__ == "__main__":

@@ -692,3 +692,41 @@ def test_check_and_teacher_refuse_a_missing_or_torn_delta_or_model_in_one_line_b
     with pytest.raises(SystemExit, match="^error: .*nowhere") as exc:
         teacher(["-m", str(tmp_path / "nowhere"), "--out", str(tmp_path / "anchors.jsonl"), "--limit", "1"])
     assert "\n" not in str(exc.value.code) and not (tmp_path / "anchors.jsonl").exists()
+
+
+def test_even_pairs_state_two_details_of_one_kind_drawn_evenly_over_kinds_and_ask_one(tmp_path: Path,
+                                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.answer.mix import main
+
+    kw = {"shares": {"window": 1.0}, "gap": (64, 244), "reach": 244}
+
+    def pair_kinds(rows: list[tuple[str, list[dict]]]) -> list[str]:
+        """The kind of the first question answered with a value, when a detail of its kind
+        other than the asked one was stated too."""
+        out = []
+        for _, msgs in rows:
+            stated = [c for m in msgs if m["role"] == "user"
+                      for c in TRAIN_CONCEPTS if any(_pattern(p).fullmatch(m["content"]) for p in c.statements)]
+            for i, m in enumerate(msgs):
+                asked = next((c for c in TRAIN_CONCEPTS if m["role"] == "user"
+                              and any(_pattern(p).fullmatch(m["content"]) for p in c.questions)), None)
+                if asked is not None and not says_not_told(msgs[i + 1]["content"]):
+                    if asked in stated and any(c.kind == asked.kind and c is not asked for c in stated):
+                        out.append(asked.kind)
+                    break
+        return out
+
+    even = pair_kinds(dialogues(300, 5, TRAIN_CONCEPTS, even_pairs=1.0, **kw))
+    plain = pair_kinds(dialogues(300, 5, TRAIN_CONCEPTS, **kw))
+    # Every even draw asks one of a same-kind pair first; without the option far fewer do.
+    assert len(even) >= 250 and len(plain) < len(even) * 2 // 3
+    # Every kind comes about as often (13 kinds: 1 in 13 each); without it the twelve person
+    # concepts made a quarter of the pairs.
+    counts = Counter(even)
+    assert len(counts) == 13 and min(counts.values()) >= len(even) // 26 and max(counts.values()) <= len(even) // 6
+    assert plain.count("person") > len(plain) // 5
+    assert dialogues(50, 5, TRAIN_CONCEPTS, even_pairs=0.0, **kw) == dialogues(50, 5, TRAIN_CONCEPTS, **kw)
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--even-pairs", "2"])
+    assert exc.value.code == 2 and "--even-pairs 2.0: give a share from 0 to 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
