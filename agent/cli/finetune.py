@@ -66,6 +66,7 @@ def finetune_command(
     lora_rank: int = typer.Option(8, "--lora-rank", help="--tune lora: adapter rank."),
     lora_alpha: float = typer.Option(16.0, "--lora-alpha", help="--tune lora: the update is alpha / rank * B A."),
     lora_targets: str = typer.Option(DEFAULT_LORA_TARGETS, "--lora-targets", help="--tune lora: comma-separated linears to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj, w1, w2, w3)."),
+    lora_ranks: str = typer.Option("", "--lora-ranks", help="--tune lora: per-target ranks over --lora-rank, e.g. q_proj=64,k_proj=64 (each target also in --lora-targets)."),
     init_lora: Optional[Path] = typer.Option(None, "--init-lora", help="--tune lora: start from this lora delta's adapters (e.g. an earlier run's OUT/delta.safetensors); targets it lacks start fresh."),
     pack: str = typer.Option("stream", "--pack", help="stream: documents run on across rows | rows: each document starts a row (padding is never trained)."),
     on_bad: str = typer.Option("skip", "--on-bad", help="skip | error: what to do with bad data records."),
@@ -91,7 +92,7 @@ def finetune_command(
             weight_decay=weight_decay, schedule=schedule, warmup=warmup, clip=clip, optimizer=optimizer,
             eval=tuple(str(e) for e in eval_data or ()), eval_every=eval_every, resume=str(resume) if resume else None,
             save_every=save_every, stop_after=stop_after, keep=keep, tune=tune, lora_rank=lora_rank, lora_alpha=lora_alpha,
-            lora_targets=lora_targets, init_lora=str(init_lora) if init_lora else None, pack=pack, on_bad=on_bad, device=device or settings.device,
+            lora_targets=lora_targets, lora_ranks=lora_ranks, init_lora=str(init_lora) if init_lora else None, pack=pack, on_bad=on_bad, device=device or settings.device,
             dtype=dtype, seed=seed, distributed=distributed,
         )
     except TrainConfigError as exc:

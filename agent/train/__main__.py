@@ -48,6 +48,7 @@ _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--lora-rank", "lora_rank", int, "--tune lora: adapter rank"),
     ("--lora-alpha", "lora_alpha", float, "--tune lora: adapter scale alpha (the update is alpha / rank * B A)"),
     ("--lora-targets", "lora_targets", str, "--tune lora: comma-separated linears to adapt"),
+    ("--lora-ranks", "lora_ranks", str, "--tune lora: per-target ranks over --lora-rank, e.g. q_proj=64,k_proj=64"),
     ("--init-lora", "init_lora", str, "--tune lora: start from this lora delta's adapters (others start fresh)"),
     ("--pack", "pack", str, "stream | rows: whether each document starts a new row"),
     ("--eval-every", "eval_every", int, "steps between evaluations"),

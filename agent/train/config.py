@@ -50,6 +50,7 @@ class TrainConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_targets: str = DEFAULT_LORA_TARGETS  # comma-separated linear names (agent.train.lora.LORA_TARGETS)
+    lora_ranks: str = ""  # per-target ranks over lora_rank, "q_proj=64,k_proj=64"
     init_lora: str | None = None  # --tune lora: start from this "lora" delta's adapters (a new run, not a resume)
     pack: str = "stream"  # stream: documents run on across rows | rows: each document starts a row
     eval: tuple[str, ...] = ()
@@ -99,12 +100,29 @@ class TrainConfig:
                 raise TrainConfigError(f"--lora-targets {self.lora_targets!r}: choose from {', '.join(LORA_TARGETS)}")
             if self.lora_alpha <= 0:
                 raise TrainConfigError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+            self.lora_rank_of  # --lora-ranks parses, or the error names it
         elif self.init_lora is not None:
             raise TrainConfigError("--init-lora starts LoRA adapters; use it with --tune lora")
+        elif self.lora_ranks:
+            raise TrainConfigError("--lora-ranks sets LoRA adapters' ranks; use it with --tune lora")
 
     @property
     def lora_target_names(self) -> tuple[str, ...]:
         return tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+
+    @property
+    def lora_rank_of(self) -> dict[str, int]:
+        """The rank of each adapted target: `lora_rank`, or its `lora_ranks` entry."""
+        ranks = dict.fromkeys(self.lora_target_names, self.lora_rank)
+        for item in (i.strip() for i in self.lora_ranks.split(",") if i.strip()):
+            name, sep, value = item.partition("=")
+            if not sep or not value.strip().isdigit() or int(value) < 1:
+                raise TrainConfigError(f"--lora-ranks {self.lora_ranks!r}: give TARGET=RANK pairs, RANK >= 1 (e.g. q_proj=64,k_proj=64)")
+            if name.strip() not in ranks:
+                raise TrainConfigError(f"--lora-ranks names {name.strip()!r}, which --lora-targets ({self.lora_targets}) does not adapt; "
+                                       "add it there too")
+            ranks[name.strip()] = int(value)
+        return ranks
 
     @property
     def muon_base_lr(self) -> float:

@@ -127,7 +127,7 @@ class Trainer:
     def _estimate(self, micro: int) -> MemoryEstimate:
         """This run's peak memory estimate (agent/train/memory.py) at `micro` rows per pass."""
         cfg = self.cfg
-        return estimate_run(self.base.model, self.base.config, tune=cfg.tune, muon=cfg.optimizer == "muon", lora_rank=cfg.lora_rank,
+        return estimate_run(self.base.model, self.base.config, tune=cfg.tune, muon=cfg.optimizer == "muon", lora_rank=cfg.lora_rank_of,
                             lora_targets=cfg.lora_target_names, seq_len=self.seq_len, micro=micro, recompute=self._recompute,
                             copied=self._base is not None and cfg.tune != "state", chunked_loss=self.info.world == 1)
 
@@ -169,7 +169,8 @@ class Trainer:
         self.adapters: dict[str, LoRALinear] = {}
         if cfg.tune == "lora":
             model = self._private_copy()
-            self.adapters = attach_lora(model, targets=cfg.lora_target_names, rank=cfg.lora_rank, alpha=cfg.lora_alpha, seed=cfg.seed)
+            self.adapters = attach_lora(model, targets=cfg.lora_target_names, rank=cfg.lora_rank, alpha=cfg.lora_alpha, seed=cfg.seed,
+                                        ranks=cfg.lora_rank_of)
             if self.resume_doc is not None:
                 tensors, _ = read_delta(self.resume_dir / LORA_DELTA_FILE)  # type: ignore[operator]
                 load_lora_delta(self.adapters, tensors)
@@ -225,7 +226,8 @@ class Trainer:
             if cfg.stop_after is not None and cfg.stop_after <= self.start_step:
                 raise TrainConfigError(f"--stop-after {cfg.stop_after} is not after the resumed step {self.start_step}; give a later step")
         if cfg.tune == "lora":
-            self.log(f"LoRA: {split.adamw_numel:,} adapter parameters (rank {cfg.lora_rank} on {len(self.adapters)} linears: "
+            ranks = f"rank {cfg.lora_rank}" + (f", {cfg.lora_ranks}" if cfg.lora_ranks else "")
+            self.log(f"LoRA: {split.adamw_numel:,} adapter parameters ({ranks} on {len(self.adapters)} linears: "
                      f"{cfg.lora_targets}) trained with AdamW; the base weights are frozen")
         else:
             self.log(split.describe())
@@ -365,9 +367,11 @@ class Trainer:
             plain = build_model(self.base.config, device="meta")
             plain.load_state_dict(merged_state_dict(self.model, self.adapters), strict=True, assign=True)
             save_model_dir(LoadedModel(plain, self.base.tokenizer, self.base.template, name=self.out.name), target,
-                           card={**card, "lora": {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_target_names)}})
+                           card={**card, "lora": {"rank": cfg.lora_rank, "ranks": cfg.lora_rank_of, "alpha": cfg.lora_alpha,
+                                                  "targets": list(cfg.lora_target_names)}})
             write_delta(target / LORA_DELTA_FILE, lora_delta(self.adapters), "lora",
                         {"base": self.base.name, "base_fingerprint": self.base_fingerprint, "rank": str(cfg.lora_rank),
+                         **({"ranks": cfg.lora_ranks} if cfg.lora_ranks else {}),
                          "alpha": str(cfg.lora_alpha), "targets": cfg.lora_targets, "steps": str(step)})
         elif cfg.tune == "all":
             weights = ckpt.full_state_dict(self.model)

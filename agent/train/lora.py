@@ -50,14 +50,16 @@ class LoRALinear(nn.Module):
 
 
 def attach_lora(model: nn.Module, *, targets: tuple[str, ...] = DEFAULT_TARGETS, rank: int = 8, alpha: float = 16.0,
-                seed: int = 0) -> dict[str, LoRALinear]:
+                seed: int = 0, ranks: dict[str, int] | None = None) -> dict[str, LoRALinear]:
     """Freeze every parameter of `model` and wrap each `nn.Linear` whose attribute name is in
-    `targets` in place; returns {module path: adapter}. Raises if nothing matched."""
+    `targets` in place; returns {module path: adapter}. `ranks` gives some targets their own
+    rank (each adapter's scale is alpha / its rank). Raises if nothing matched."""
     unknown = set(targets) - set(LORA_TARGETS)
     if unknown:
         raise ValueError(f"unknown LoRA target(s) {', '.join(sorted(unknown))}; choose from {', '.join(LORA_TARGETS)}")
-    if rank < 1:
-        raise ValueError(f"LoRA rank must be at least 1, got {rank}")
+    ranks = {t: rank for t in targets} | dict(ranks or {})
+    if min(ranks.values(), default=rank) < 1:
+        raise ValueError(f"LoRA rank must be at least 1, got {min(ranks.values())}")
     model.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets]
@@ -67,7 +69,7 @@ def attach_lora(model: nn.Module, *, targets: tuple[str, ...] = DEFAULT_TARGETS,
     for name, lin in found:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        adapter = LoRALinear(lin, rank, alpha, gen)
+        adapter = LoRALinear(lin, ranks[attr], alpha, gen)
         setattr(parent, attr, adapter)
         adapters[name] = adapter
     return adapters

@@ -118,11 +118,12 @@ def default_micro_batch(rows: int, estimate: Callable[[int], MemoryEstimate]) ->
     return 1
 
 
-def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_rank: int, lora_targets: tuple[str, ...],
+def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_rank: int | dict[str, int], lora_targets: tuple[str, ...],
                  seq_len: int, micro: int, recompute: bool, copied: bool, chunked_loss: bool = True) -> MemoryEstimate:
     """`estimate_peak_bytes` for a run of `laplace finetune` on `model`: what trains (every
     weight, LoRA adapters on `lora_targets`, or a learned initial state), whether Muon takes
-    the block matrices, and whether the trainer works on a copy of the model (`copied`)."""
+    the block matrices, and whether the trainer works on a copy of the model (`copied`).
+    `lora_rank` is one rank for every target or each target's own."""
     from agent.runtime.params import is_block_matrix
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -132,7 +133,8 @@ def estimate_run(model: nn.Module, config: Any, *, tune: str, muon: bool, lora_r
         if muon:
             muon_numel = sum(p.numel() for n, p in model.named_parameters() if is_block_matrix(n, p))
     elif tune == "lora":
-        trainable = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+        rank_of = lora_rank if isinstance(lora_rank, dict) else dict.fromkeys(lora_targets, lora_rank)
+        trainable = sum(rank_of[n.rsplit(".", 1)[-1]] * (m.in_features + m.out_features) for n, m in model.named_modules()
                         if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in lora_targets)
         # + the merged weights written beside the delta at each save: freed after, but the
         # allocator keeps the pages, so RSS peaks as if they stayed (measured: +0.6 GB).

@@ -202,3 +202,26 @@ def test_init_lora_starts_from_an_earlier_delta_and_adds_targets(tmp_path: Path,
                           **{**cfg, "lora_rank": 4}))
     with pytest.raises(TrainConfigError, match="tune lora"):
         TrainConfig(data=("x",), out="o", steps=1, init_lora="d.safetensors")
+
+
+def test_lora_ranks_give_targets_their_own_rank_end_to_end(tmp_path: Path, chat_file: Path) -> None:
+    cfg = dict(data=(str(chat_file),), seq_len=32, batch_tokens=64, lr=1e-2, warmup=1, tune="lora", lora_rank=2)
+    train(TrainConfig(out=str(tmp_path / "first"), steps=1, lora_targets="o_proj,w2", **cfg))
+    lines: list[str] = []
+    # q/k adapters of their own rank added to an earlier run's rank-2 ones, which load as they were
+    train(TrainConfig(out=str(tmp_path / "qk"), steps=2, lora_targets="q_proj,k_proj,o_proj,w2", lora_ranks="q_proj=6, k_proj=3",
+                      init_lora=str(tmp_path / "first" / LORA_DELTA_FILE), **cfg), on_log=lines.append)
+    assert any("rank 2, q_proj=6, k_proj=3 on" in line for line in lines)
+    tensors, fmt = read_delta(tmp_path / "qk" / LORA_DELTA_FILE)
+    rank = {k.split(".")[-3]: v.shape[0] for k, v in tensors.items() if k.endswith(".lora_A")}
+    assert rank == {"q_proj": 6, "k_proj": 3, "o_proj": 2, "w2": 2}
+    base, tuned = load_model("tiny"), load_model(str(tmp_path / "qk"))
+    apply_delta(base.model, tensors, fmt)  # the runtime applies mixed ranks: base + delta == the merged model
+    for k, v in tuned.model.state_dict().items():
+        torch.testing.assert_close(base.model.state_dict()[k], v, atol=1e-6, rtol=1e-6)
+    assert json.loads((tmp_path / "qk" / "config.json").read_text())["card"]["lora"]["ranks"] == rank
+    for ranks, said in (("q_proj=0", "TARGET=RANK"), ("q_proj", "TARGET=RANK"), ("w1=4", "does not adapt")):
+        with pytest.raises(TrainConfigError, match=said):
+            TrainConfig(data=("x",), out="o", steps=1, tune="lora", lora_targets="q_proj,o_proj", lora_ranks=ranks)
+    with pytest.raises(TrainConfigError, match="tune lora"):
+        TrainConfig(data=("x",), out="o", steps=1, lora_ranks="q_proj=4")
