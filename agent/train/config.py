@@ -100,7 +100,7 @@ class TrainConfig:
                 raise TrainConfigError(f"--lora-targets {self.lora_targets!r}: choose from {', '.join(LORA_TARGETS)}")
             if self.lora_alpha <= 0:
                 raise TrainConfigError(f"--lora-alpha must be positive, got {self.lora_alpha}")
-            self.lora_rank_of  # --lora-ranks parses, or the error names it
+            _ = self.lora_rank_of  # --lora-ranks parses, or the error names it
         elif self.init_lora is not None:
             raise TrainConfigError("--init-lora starts LoRA adapters; use it with --tune lora")
         elif self.lora_ranks:
