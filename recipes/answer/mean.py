@@ -36,10 +36,10 @@ import torch
 from agent.runtime.delta import DeltaError, lora_pairs, read_delta, write_delta
 
 
-def _read_loras(paths: list[Path], what: str, least: int = 2) -> list[dict[str, torch.Tensor]]:
+def _read_loras(paths: list[Path], what: str, least: int = 2, hint: str = "") -> list[dict[str, torch.Tensor]]:
     """Each path's "lora" delta tensors; at least `least` paths, every one a file."""
     if len(paths) < least:
-        raise DeltaError(f"give at least two deltas to {what}" + (" (or one with --rank, to cut it)" if what == "mix" else ""))
+        raise DeltaError(f"give at least two deltas to {what}{hint}")
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise DeltaError(f"{missing[0]}: no such file; give the delta.safetensors of each run")
@@ -81,7 +81,7 @@ def soup_lora(paths: list[Path], dtype: torch.dtype = torch.float32, rank: int |
               total: bool = False) -> dict[str, torch.Tensor]:
     """The mean of the deltas' changes (`total`: their sum), each key cut to its `rank`."""
     ranks = {"": rank} if isinstance(rank, int) else dict(rank or {})
-    pairs = [lora_pairs(d) for d in _read_loras(paths, "mix", least=1 if ranks else 2)]
+    pairs = [lora_pairs(d) for d in _read_loras(paths, "mix", least=1 if ranks else 2, hint=" (or one with --rank, to cut it)")]
     named = {_target(k) for d in pairs for k in d}
     unknown = sorted(set(ranks) - named - {""})
     if unknown:
