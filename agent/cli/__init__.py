@@ -75,7 +75,8 @@ def info(
         layers = c.get("memory_layers") or []
         rest = c.get("memory_rest_slots", 0)
         where = (f" in {len(layers)} of {c['n_layers']} layers" if layers else "") + (f" and {rest} in the other {c['n_layers'] - len(layers)}" if rest and layers else "")
-        memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')})" if slots else ""
+        at = f", read at distance {c['memory_distance']}" if c.get("memory_distance") else ""
+        memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')}{at})" if slots else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
                  f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
         from agent.runtime.state_spec import MEMORY_TENSORS  # torch-free

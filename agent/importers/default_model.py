@@ -245,7 +245,8 @@ def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> di
             "a GLA branch per layer carries the tokens older than the window in a fixed state "
             + ("(trained by attention transfer)" if BRANCH_FILE in trained else "(untrained: initial parameters)"),
         ] + ([f"a memory of evicted tokens beside the window: {describe_memory(slots, memory.get('memory_policy', ''), layers, rest=rest)} "
-              f"per {'kv head' if layers else 'layer and kv head'}, read by the window's softmax"] if slots else [])
+              f"per {'kv head' if layers else 'layer and kv head'}, read by the window's softmax"
+              + (f" at RoPE distance {memory['memory_distance']}" if memory.get("memory_distance") else "")] if slots else [])
         + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
         "shipped": applied,
     }

@@ -87,6 +87,7 @@ class LaplaceConfig:
     memory_policy: str = "recall"  # which evicted tokens it keeps: "recall" (LoLA), "attention" (TOVA) or "novelty"
     memory_layers: tuple[int, ...] = ()  # the layers that keep the memory, ascending (empty: every layer)
     memory_rest_slots: int = 0  # evicted tokens kept per kv head in the layers memory_layers leaves out (0: none)
+    memory_distance: int = 0  # the RoPE distance the window reads the memory at (0: W, just past its edge)
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -143,6 +144,9 @@ class LaplaceConfig:
         if self.memory_rest_slots < 0 or (self.memory_rest_slots and not (self.memory_slots and self.memory_layers)):
             raise ValueError("memory_rest_slots keeps a memory in the layers memory_layers leaves out: it needs memory_slots "
                              "and memory_layers, and is >= 0")
+        if self.memory_distance < 0:
+            raise ValueError(f"memory_distance is the RoPE distance the memory is read at: give 0 (the window, {self.window}) "
+                             f"or a number of tokens >= 1, got {self.memory_distance}")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
             raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:
@@ -161,6 +165,13 @@ class LaplaceConfig:
     def kv_heads(self) -> int:
         """Key/value heads of the window mixer (GQA groups)."""
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def memory_read_at(self) -> int:
+        """The RoPE distance the window's softmax reads the memory's un-rotated keys at:
+        `memory_distance`, or W when it is 0. The same at every step, so no angle grows with
+        the session; not part of `architecture()`: the memory holds the same bytes either way."""
+        return self.memory_distance or self.window
 
     @property
     def feature_size(self) -> int:
@@ -324,7 +335,7 @@ _SWITCHES = frozenset(
     ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
      "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps",
      "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine",
-     "memory_slots", "memory_policy", "memory_layers", "memory_rest_slots")
+     "memory_slots", "memory_policy", "memory_layers", "memory_rest_slots", "memory_distance")
 )
 
 

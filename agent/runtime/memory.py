@@ -4,8 +4,10 @@
 Per kv head, in every layer or in the layers `memory_layers` names, M slots hold the keys and
 values of tokens that have left the window, in bf16 (`state_spec.MEMORY_DTYPE`: a token is
 scored as it leaves, then kept, and so read by every path, rounded).
-The window's own softmax reads them, beside the sinks and the window, at RoPE distance W:
-just past the window's edge, so no angle grows with the session (as the sinks' do not).
+The window's own softmax reads them, beside the sinks and the window, at one RoPE distance:
+W, just past the window's edge, unless the config's `memory_distance` names another
+(`LaplaceConfig.memory_read_at`); one angle, so none grows with the session (as the sinks'
+do not).
 
 Which tokens it keeps. A token leaving the window at step t becomes a candidate with a score
 >= 0. The memory is, at every step, the M best candidates so far by (score, position): the

@@ -93,7 +93,7 @@ def window_attention(
     q: Tensor, k: Tensor, v: Tensor, win_k: Tensor, win_v: Tensor, pos: Tensor, lengths: Tensor | None,
     *, window: int, sinks: int, theta: float, block: int,
     memory: dict[str, Tensor] | None = None, memory_policy: str = "attention", ev_score: Tensor | None = None,
-    evicted: tuple[Tensor, Tensor, Tensor] | None = None,
+    evicted: tuple[Tensor, Tensor, Tensor] | None = None, memory_at: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor] | None]:
     """Softmax attention over sinks + window (+ the memory), and the ring (and memory) update.
 
@@ -106,6 +106,7 @@ def window_attention(
     the caller from the branch, which passes ev_score [B, T, G] (the score of the token
     leaving at each step; used whenever given).
     evicted: `evictions(...)` of this call when the caller has it already (the branch's inputs).
+    memory_at: the RoPE distance the memory is read (and "attention" scores) at; None: W.
 
     Returns (num [B, T, H, D], den [B, T, H]: the softmax numerator and denominator
     relative to each query's max score; new win_k, new win_v; evicted ev_k (un-rotated),
@@ -148,8 +149,8 @@ def window_attention(
     q_lo = rope(qh, new_slot[:, None, None, :], theta)
     q_hi = rope(qh, (new_slot + W)[:, None, None, :], theta)
     q_sink = rope(qh, new_pos.clamp(max=S + W - 1)[:, None, None, :], theta)
-    if memory is not None:  # memory keys are stored un-rotated and read at distance W
-        q_mem = rope(qh, torch.full((1,), float(W), device=dev), theta)
+    if memory is not None:  # memory keys are stored un-rotated and read at one distance (W unless memory_at says)
+        q_mem = rope(qh, torch.full((1,), float(W if memory_at is None else memory_at), device=dev), theta)
     if memory is not None and ev_score is None and memory_policy == "novelty":
         ring_un = rope(win_k[:, :, S:], -(S + jw), theta)  # the ring's window keys, un-rotated
 
@@ -241,7 +242,7 @@ def hybrid_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, *, window: int, sinks: int, theta: float,
     phi_q: Tensor | None = None, phi_k: Tensor | None = None, g: Tensor | None = None,
     mix: Tensor | None = None, mode: str = "softmax", memory_slots: int = 0, memory_policy: str = "attention",
-    memory_dtype: torch.dtype = torch.bfloat16,
+    memory_dtype: torch.dtype = torch.bfloat16, memory_at: int | None = None,
 ) -> Tensor:
     """The layer's attention from its definition, one query at a time over the whole
     history from position 0, in float64 (no ring, no blocks, no offsets, no slots).
@@ -249,8 +250,8 @@ def hybrid_attention_naive(
     q [B, T, H, D]; k, v [B, T, G, D] un-rotated; for the branch: phi_q, phi_k [B, T, H, F]
     (phi_k of each position's key as query head h sees it), g [B, T, H], mix [H]. The
     memory: per (row, kv head), the `memory_slots` best-scored tokens that have left the
-    window (`memory.py`), read at RoPE distance W, their keys and values as stored
-    (`memory_dtype`; scored before rounding). Returns y [B, T, H, D] in v's dtype."""
+    window (`memory.py`), read at RoPE distance `memory_at` (None: W), their keys and values
+    as stored (`memory_dtype`; scored before rounding). Returns y [B, T, H, D] in v's dtype."""
     B, T, H, D = q.shape
     G = k.shape[2]
     R, S, W, M = H // G, sinks, window, memory_slots
@@ -277,7 +278,7 @@ def hybrid_attention_naive(
             decay = (gc[:, t + 1, None] - gc[:, [p + W + 1 for p in ev]]).exp() if ev else None  # [B, E, H]: steps p + W + 1 .. t
         if M and ev:
             p = ev[-1]  # the token that left at this step
-            q_w = rope(qd[:, t], torch.tensor(float(W), dtype=torch.float64), theta)  # [B, H, D]: distance W
+            q_w = rope(qd[:, t], torch.tensor(float(W if memory_at is None else memory_at), dtype=torch.float64), theta)  # [B, H, D]
             if memory_policy == "attention":
                 s_ev = (q_w * kd[:, p]).sum(-1) / math.sqrt(D)  # [B, H]
                 w_ev = (s_ev - s.amax(-1)).exp() / (s - s.amax(-1, keepdim=True)).exp().sum(-1)
@@ -423,7 +424,7 @@ class WindowAttention(nn.Module):
         num, den, win_k, win_v, *_, memory = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
             theta=c.rope_theta, block=c.chunk_size, memory=memory, memory_policy=c.memory_policy, ev_score=ev_score,
-            evicted=evicted)
+            evicted=evicted, memory_at=c.memory_read_at)
         out = {"win_k": win_k, "win_v": win_v} | (memory or {})
         if branch is None:
             y = combine(num, den, None, None, None, c.combine)
@@ -493,7 +494,7 @@ class WindowAttention(nn.Module):
                       g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
         slots = c.memory_slots if memory_slots is None else memory_slots
         if slots:
-            kw.update(memory_slots=slots, memory_policy=c.memory_policy)
+            kw.update(memory_slots=slots, memory_policy=c.memory_policy, memory_at=c.memory_read_at)
             if br is not None:
                 kw.setdefault("phi_k", feature_map(k.repeat_interleave(c.n_heads // c.kv_heads, 2), br.k_map, c.feature_map))
                 kw.setdefault("g", br.log_decay(x))

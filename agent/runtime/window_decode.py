@@ -15,7 +15,8 @@ token), in the fewest ops a step can take:
   with the appended ones column as a separate add rather than a concatenated value);
 - the memory (if on) scores the leaving key ("novelty" against the ring's window slots
   rotated back with a per-slot table, those within `memory.NOVELTY_SPAN` after the leaving
-  token masked by another), admits it (`memory.admit`) and is read at angle W.
+  token masked by another), admits it (`memory.admit`) and is read at one angle (W unless
+  the config's `memory_distance` says otherwise).
 
 Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
 choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
@@ -56,7 +57,7 @@ class StepTables:
     sin3: Tensor
     row: Tensor
     bias: Tensor
-    cos_mem: Tensor  # [D]: the angle W the query reads the memory's un-rotated keys at
+    cos_mem: Tensor  # [D]: the angle the query reads the memory's un-rotated keys at (`LaplaceConfig.memory_read_at`)
     sin_mem: Tensor
     cos_ring: Tensor  # [W, D]: the window slots' angles S .. S + W - 1 (to rotate their keys back)
     sin_ring: Tensor
@@ -72,8 +73,10 @@ def canonical(t: int, sinks: int, window: int) -> int:
     return t if t < sinks + window else sinks + window + (t - sinks) % window
 
 
-def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.device) -> StepTables:
-    key = (sinks, window, dim, theta, str(device))
+def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.device, memory_at: int | None = None) -> StepTables:
+    """The decode step's constant tables (see `StepTables`); the memory is read at angle
+    `memory_at` (None: W)."""
+    key = (sinks, window, dim, theta, str(device), memory_at)
     if key not in _TABLES:
         S, W = sinks, window
         t = torch.arange(S + 2 * W, device=device)[:, None]  # canonical row c stands for t = c
@@ -87,7 +90,7 @@ def step_tables(sinks: int, window: int, dim: int, theta: float, device: torch.d
         valid = torch.where(sink, s <= t, p >= S)
         row = torch.where(sink, 0, torch.where(s <= slot_t, 1, 2))
         bias = torch.zeros(valid.shape, device=device).masked_fill(~valid, float("-inf"))
-        cos_m, sin_m = rope_cos_sin(torch.full((1,), W, device=device), dim, theta)
+        cos_m, sin_m = rope_cos_sin(torch.full((1,), W if memory_at is None else memory_at, device=device), dim, theta)
         cos_r, sin_r = rope_cos_sin(torch.arange(S, S + W, device=device), dim, theta)
         # After t's write, window slot S + j holds t - d with d = (slot(t) - S - j) mod W; the
         # token leaving is t - W, so the slot is past the span after it iff W - d > span.
@@ -113,7 +116,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     B = x.shape[0]
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
-    tabs = step_tables(S, W, D, c.rope_theta, x.device)
+    tabs = step_tables(S, W, D, c.rope_theta, x.device, c.memory_read_at)
     memory = "mem_k" in state  # this layer keeps a memory (`state_spec.memory_layers`)
     # One row through the C step; with a memory, every row one by one (the torch form below
     # ranks the candidates with a sort per step, ~4x the window's time).
@@ -175,7 +178,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
         gla[..., :D].addcmul_(phi_k.view(B, G, R, F_, 1), ev_v.view(B, G, 1, 1, D))
         gla[..., D].add_(phi_k.view(B, G, R, F_))
     if memory:
-        qm = torch.addcmul(qs * tabs.cos_mem, qs.roll(half, -1), tabs.sin_mem)  # [B, G, R, D] at angle W
+        qm = torch.addcmul(qs * tabs.cos_mem, qs.roll(half, -1), tabs.sin_mem)  # [B, G, R, D] at the memory's angle
         if c.memory_policy == "attention":
             score = ((qm * ev_k[:, :, None]).sum(-1) - m[..., 0]).exp().div(den).mean(-1)  # [B, G]
         elif c.memory_policy == "novelty":  # the ring's window slots, after the write: the W keys left

@@ -156,6 +156,33 @@ def test_shipped_settings_switch_the_memory_on_and_a_removed_file_switches_it_of
     assert "memory of evicted tokens" not in " ".join(json.loads((built / "config.json").read_text())["card"]["changes"])
 
 
+def test_a_shipped_read_distance_goes_into_the_config_and_out_again(tmp_path: Path, wheel_blob: bytes) -> None:
+    """settings.json's `memory_distance` (where the window reads its memory) is a config
+    field like the slots: applied on an update, named in the card's changes, recorded as
+    "was" 0, and gone again with the file, the config.json and fingerprint as before it."""
+    base = _plain(tmp_path, wheel_blob)
+    shipped = write_shipped(tmp_path / "shipped", base)
+    home = tmp_path / "laplace-home"
+    built = assemble(home / "models", home, teacher=local_teacher(tmp_path, wheel_blob), shipped=shipped)
+    settings = shipped / default_model.SETTINGS_FILE
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty"}))
+    update_shipped(built, home, shipped=shipped)
+    near = load_model_dir(built)
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty", "memory_distance": 40}))
+    line = update_shipped(built, home, shipped=shipped)
+    assert line is not None and "(settings.json changed)" in line and "--rebuild-state" in line
+    far = load_model_dir(built)
+    assert far.config.memory_distance == 40 and far.config.memory_read_at == 40 and near.config.memory_read_at == near.config.window
+    assert far.config.architecture() == near.config.architecture() and far.fingerprint != near.fingerprint
+    card = json.loads((built / "config.json").read_text())["card"]
+    assert card["shipped"][-1]["was"] == {"memory_slots": 0, "memory_policy": "recall", "memory_distance": 0}
+    assert "5 slots (novelty) per layer and kv head, read by the window's softmax at RoPE distance 40" in " ".join(card["changes"])
+    settings.write_text(json.dumps({"memory_slots": 5, "memory_policy": "novelty"}))
+    update_shipped(built, home, shipped=shipped)
+    assert load_model_dir(built).fingerprint == near.fingerprint
+    assert "memory_distance" not in json.loads((built / "config.json").read_text())["model"]
+
+
 def test_shipped_measured_recall_goes_into_the_card_and_out_again(tmp_path: Path, wheel_blob: bytes) -> None:
     """settings.json's `recall_measured` is a card value, not a config field: a build and an
     update put it in the card (chat's recall horizon reads it), a removed file takes it out,
@@ -296,3 +323,5 @@ def test_memory_layers_parse_and_read_in_words() -> None:
     assert describe_memory(768, "novelty", (1, 2), 30, rest=216) == "768 slots (novelty) in 2 of 30 layers (1, 2) and 216 in the other 28"
     assert describe_memory(768, "novelty", (1, 2), rest=216) == "768 slots (novelty) in 2 layers (1, 2) and 216 in each other layer"
     assert describe_memory(448, "novelty", rest=216) == "448 slots (novelty)"  # a rest group needs chosen layers
+    assert describe_memory(640, "novelty", (1,), 30, rest=304, distance=512) == \
+        "640 slots (novelty) in 1 of 30 layers (1) and 304 in the other 29, read at distance 512"

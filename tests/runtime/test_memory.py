@@ -41,6 +41,12 @@ SOME_LAYERS = [
                  id="recall-layer-0-rest-5"),
 ]
 GRID += SOME_LAYERS
+# The memory read at a distance of its own (`memory_distance`), past the window's W.
+FAR = [
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_distance=2 * NW + 3), id="novelty-read-far"),
+    pytest.param(dict(memory_slots=3, memory_policy="attention", combine="softmax", memory_distance=40), id="attention-read-far"),
+]
+GRID += FAR
 
 
 def wide(policy: str) -> dict:
@@ -102,6 +108,36 @@ def test_the_memory_changes_the_logits_only_past_s_plus_w(kw):
     inside = c.sinks + c.window  # the first query that can read an evicted token is at S + W
     assert torch.equal(a[:, :inside], b[:, :inside])
     assert (a[:, inside:] - b[:, inside:]).abs().max() > 100 * TOL
+
+
+@pytest.mark.parametrize("kw", [p.values[0] for p in NOVELTY[:1] + GRID[1:2]], ids=["novelty", "attention"])
+def test_the_read_distance_moves_the_logits_only_past_s_plus_w_and_keeps_the_memory(kw):
+    """`memory_distance` changes where the window reads its memory, not what it holds: the
+    same logits within S + W, different ones past it; for "novelty" (scored without the
+    query) the same slots, and the state's architecture is the same, so a saved state moves
+    between the two."""
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(4))
+    near = window_model(**kw)
+    c = near.config
+    far = window_model(**{**kw, "memory_distance": 3 * c.window})
+    assert far.config.memory_read_at == 3 * c.window and c.memory_read_at == c.window
+    assert far.config.architecture() == c.architecture()
+    with torch.no_grad():
+        a, sa = near(ids)
+        b, sb = far(ids)
+    inside = c.sinks + c.window
+    assert torch.equal(a[:, :inside], b[:, :inside])
+    assert (a[:, inside:] - b[:, inside:]).abs().max() > TOL  # the same arithmetic but one angle: any change is the angle's
+    if c.memory_policy == "novelty":
+        assert torch.equal(sa.tensors["mem_pos"], sb.tensors["mem_pos"])
+
+
+def test_a_negative_read_distance_is_refused_and_zero_is_left_out_of_the_config():
+    with pytest.raises(ValueError, match="memory_distance is the RoPE distance"):
+        window_model(memory_slots=4, memory_policy="novelty", memory_distance=-1)
+    c = window_model(memory_slots=4, memory_policy="novelty").config
+    assert "memory_distance" not in c.to_dict()  # the shipped configs' bytes (and fingerprints) as before
+    assert c.replace(memory_distance=512).to_dict()["memory_distance"] == 512
 
 
 @pytest.mark.parametrize("kw", GRID)

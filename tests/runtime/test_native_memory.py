@@ -37,6 +37,8 @@ GRID = [
     pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,)), id="layer-1-only"),
     # and layer 0 a memory of its own size (`memory_rest_slots`): the kernel takes each layer's M
     pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2), id="layer-1-rest-2"),
+    # the memory read at its own distance (`memory_distance`), not W
+    pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_distance=3 * NW), id="read-far"),
 ]
 WEIGHTS = pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 
@@ -179,10 +181,12 @@ def test_the_other_memory_policies_are_left_to_torch(policy, kernels, tmp_path):
 def test_the_constants_tables_and_state_are_the_torch_runtimes(kernels, tmp_path):  # noqa: F811
     assert (eng.NOVELTY_SPAN, eng.TWIN, eng.MEMORY_NAMES) == (memory.NOVELTY_SPAN, memory.TWIN, memory.MEMORY_NAMES)
     S, W, D = 3, 7, 8
-    want = torch_step_tables(S, W, D, 100.0, torch.device("cpu"))
-    got = memory_table(S, W, D, 100.0)
-    for g, w in zip((got[0], got[1], got[2 : 2 + W], got[2 + W :]), (want.cos_mem, want.sin_mem, want.cos_ring, want.sin_ring)):
-        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+    for at in (None, 3 * W):  # read at W, and at a distance of its own
+        want = torch_step_tables(S, W, D, 100.0, torch.device("cpu"), at)
+        got = memory_table(S, W, D, 100.0, at)
+        for g, w in zip((got[0], got[1], got[2 : 2 + W], got[2 + W :]), (want.cos_mem, want.sin_mem, want.cos_ring, want.sin_ring)):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(memory_table(S, W, D, 100.0)[:2], memory_table(S, W, D, 100.0, 3 * W)[:2])
     d, model = saved(tmp_path, False, **NOVELTY, memory_slots=3, combine="gated")
     spec = Engine.load(d, weights="fp32").state_spec()
     assert spec == {n: s for n, s in model.config.state_spec(1).items() if n != "pos"}

@@ -28,8 +28,8 @@
  *   mem_k, mem_v [G, M, D] bf16, the memory of evicted tokens (`memory.py`, "novelty" policy;
  *   mem_score [G, M],            mem_k NULL: no memory), written in place: slots in position
  *   mem_pos [G, M] int64         order, empty ones (mem_pos 0) first
- *   mem_tab [2 + 2W, D]          the memory's angles: cos, sin (signed) of W, at which a query
- *                                reads it; cos [W, D], sin [W, D] of the window slots' angles
+ *   mem_tab [2 + 2W, D]          the memory's angles: cos, sin (signed) of the angle a query
+ *                                reads it at (W by default); cos [W, D], sin [W, D] of the window slots' angles
  *                                S .. S + W - 1, to rotate their keys back for the score
  *
  * No fast-math: the sums are IEEE fp32; `omp simd` lets the dot products vectorize.

@@ -200,7 +200,7 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
     h, h_mm = torch.empty(1, d), torch.empty(1, d, dtype=act)
     y, a = torch.empty(1, c.n_heads * c.head_v_dim, dtype=act), torch.empty(1, f, dtype=act)
     t = int(state.positions)
-    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, x.device)
+    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, x.device, c.memory_read_at)
     xp, hp, hmp, ap = x.data_ptr(), h.data_ptr(), h_mm.data_ptr(), a.data_ptr()
     prev: Tensor | None = None
     prev_scale = None
@@ -233,7 +233,7 @@ def forward(plan: Plan, model: nn.Module, input_ids: Tensor, state: Any, *, last
     T = input_ids.shape[1]
     state = state.clone()
     t0 = int(state.positions)
-    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, input_ids.device)
+    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, input_ids.device, c.memory_read_at)
     x = model.embed(input_ids[0]).float()
     y = torch.empty(T, c.n_heads * c.head_v_dim)
     for lp, layer in zip(plan.layers, state.layer_views(c)):

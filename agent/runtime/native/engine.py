@@ -209,11 +209,11 @@ def step_tables(S: int, W: int, D: int, theta: float) -> tuple[np.ndarray, ...]:
             np.ascontiguousarray(row), np.ascontiguousarray(bias))
 
 
-def memory_table(S: int, W: int, D: int, theta: float) -> np.ndarray:
-    """`window_decode.StepTables`' cos_mem, sin_mem [D] (the angle W the memory is read at)
+def memory_table(S: int, W: int, D: int, theta: float, at: int | None = None) -> np.ndarray:
+    """`window_decode.StepTables`' cos_mem, sin_mem [D] (the angle the memory is read at: `at`, None: W)
     and cos_ring, sin_ring [W, D] (the window slots' angles), sin signed, stacked [2 + 2W, D]."""
     sign = np.concatenate([-np.ones(D // 2, np.float32), np.ones(D // 2, np.float32)])
-    cos_m, sin_m = rope_cos_sin(np.array([W]), D, theta)
+    cos_m, sin_m = rope_cos_sin(np.array([W if at is None else at]), D, theta)
     cos_r, sin_r = rope_cos_sin(np.arange(S, S + W), D, theta)
     return np.ascontiguousarray(np.concatenate([cos_m, sin_m * sign, cos_r, sin_r * sign]), np.float32)
 
@@ -233,7 +233,7 @@ class Engine:
         self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
         self.static = [self._window_args(i) for i in range(c.n_layers)]
         # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
-        self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta) if c.memory_slots else None
+        self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta, c.memory_read_at) if c.memory_slots else None
         self.mem_static = () if self.mem_table is None else (self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
         # Each layer's memory: its stacked tensors' names (mem_k & co. or rest_k & co.), its row and M; or None.
         self.mem_rows = [None if "mem_k" not in rows else (tuple(rows[n][0] for n in MEMORY_NAMES), rows["mem_k"][1], memory_slots_of(c, i))
