@@ -144,9 +144,9 @@ class LaplaceConfig:
         if self.memory_rest_slots < 0 or (self.memory_rest_slots and not (self.memory_slots and self.memory_layers)):
             raise ValueError("memory_rest_slots keeps a memory in the layers memory_layers leaves out: it needs memory_slots "
                              "and memory_layers, and is >= 0")
-        if self.memory_distance < 0:
+        if isinstance(self.memory_distance, bool) or not isinstance(self.memory_distance, int) or self.memory_distance < 0:
             raise ValueError(f"memory_distance is the RoPE distance the memory is read at: give 0 (the window, {self.window}) "
-                             f"or a number of tokens >= 1, got {self.memory_distance}")
+                             f"or a number of tokens >= 1, got {self.memory_distance!r}")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
             raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:

@@ -133,8 +133,9 @@ def test_the_read_distance_moves_the_logits_only_past_s_plus_w_and_keeps_the_mem
 
 
 def test_a_negative_read_distance_is_refused_and_zero_is_left_out_of_the_config():
-    with pytest.raises(ValueError, match="memory_distance is the RoPE distance"):
-        window_model(memory_slots=4, memory_policy="novelty", memory_distance=-1)
+    for bad in (-1, "far", 2.5, True):  # a config.json edited by hand: one line, not a TypeError
+        with pytest.raises(ValueError, match="memory_distance is the RoPE distance"):
+            window_model(memory_slots=4, memory_policy="novelty", memory_distance=bad)
     c = window_model(memory_slots=4, memory_policy="novelty").config
     assert "memory_distance" not in c.to_dict()  # the shipped configs' bytes (and fingerprints) as before
     assert c.replace(memory_distance=512).to_dict()["memory_distance"] == 512
