@@ -71,12 +71,11 @@ def info(
     if c.get("mixer") == "window":  # a converted Llama: the window's ring and the GLA branch make the state
         parts = data["state_parts"]
         branch = f"GLA branch ({c['combine']})" if c["gla_branch"] else "no GLA branch"
-        slots = c.get("memory_slots", 0)
-        layers = c.get("memory_layers") or []
-        rest = c.get("memory_rest_slots", 0)
-        where = (f" in {len(layers)} of {c['n_layers']} layers" if layers else "") + (f" and {rest} in the other {c['n_layers'] - len(layers)}" if rest and layers else "")
-        at = f", read at distance {c['memory_distance']}" if c.get("memory_distance") else ""
-        memory = f", memory of {slots} evicted tokens per kv head{where} ({c.get('memory_policy', 'recall')}{at})" if slots else ""
+        from agent.importers.shipped import describe_memory  # torch-free
+
+        said = describe_memory(c.get("memory_slots", 0), c.get("memory_policy", "recall"), c.get("memory_layers") or (), c["n_layers"],
+                               c.get("memory_rest_slots", 0), c.get("memory_distance", 0), c.get("memory_rest_distance", 0))
+        memory = f", memory of evicted tokens per kv head: {said}" if c.get("memory_slots") else ""
         shape = (f"{c['n_heads']} heads / {c['n_kv_heads']} kv heads of {c['head_k_dim']}, window {c['window']} + {c['sinks']} sinks, "
                  f"{branch}{memory}, GLU {c['ffn_dim']}, vocab {c['vocab_size']}")
         from agent.runtime.state_spec import MEMORY_TENSORS  # torch-free

@@ -54,7 +54,7 @@ def _convert(src: Path, out: Path, *, tokenizer: Optional[Path], plain: bool, la
 
     c = lm.config
     shape = (f"window {c.window} + {c.sinks} sinks, GLA branch {c.combine if c.gla_branch else 'off'}"
-             + (f", memory {describe_memory(c.memory_slots, c.memory_policy, c.memory_layers, c.n_layers, c.memory_rest_slots, c.memory_distance)}" if c.memory_slots else "")
+             + (f", memory {describe_memory(c.memory_slots, c.memory_policy, c.memory_layers, c.n_layers, c.memory_rest_slots, c.memory_distance, c.memory_rest_distance)}" if c.memory_slots else "")
              if c.mixer == "window"
              else f"{c.n_heads} heads of {c.head_k_dim} x {c.head_v_dim}")
     typer.echo(
@@ -184,6 +184,7 @@ def import_command(
     memory_layers: Optional[str] = typer.Option(None, "--memory-layers", help="Llama: the layers that keep the memory, e.g. 11,14-18 (default: all)."),
     memory_rest: Optional[int] = typer.Option(None, "--memory-rest", help="Llama: with --memory-layers, evicted tokens kept per kv head in the other layers (default 0: none)."),
     memory_distance: Optional[int] = typer.Option(None, "--memory-distance", help="Llama: the RoPE distance the window reads its memory at (default 0: the window's size)."),
+    memory_rest_distance: Optional[int] = typer.Option(None, "--memory-rest-distance", help="Llama: with --memory-rest, the distance the other layers read their memory at (default 0: as --memory-distance)."),
 ) -> None:
     """Convert a local pretrained checkpoint into a laplace model (weights, config, tokenizer, chat template)."""
     settings = settings_of(ctx)
@@ -197,11 +198,14 @@ def import_command(
     for flag, value in (("--window", window), ("--sinks", sinks)):
         if value is not None and value < (1 if flag == "--window" else 0):
             raise fail(f"{flag} must be {'at least 1' if flag == '--window' else '0 or more'}, not {value}")
-    for flag, value in (("--memory", memory), ("--memory-rest", memory_rest), ("--memory-distance", memory_distance)):
+    for flag, value in (("--memory", memory), ("--memory-rest", memory_rest), ("--memory-distance", memory_distance),
+                        ("--memory-rest-distance", memory_rest_distance)):
         if value is not None and value < 0:
             raise fail(f"{flag} must be 0 or more, not {value}")
     if memory_rest and memory_layers is None:
         raise fail("--memory-rest keeps a memory in the layers --memory-layers leaves out; give --memory-layers too")
+    if memory_rest_distance and not memory_rest:
+        raise fail("--memory-rest-distance is where the layers --memory-layers leaves out read their memory; give --memory-rest too")
     from agent.runtime.config import MEMORY_POLICIES  # torch-free
 
     if memory_policy is not None and memory_policy not in MEMORY_POLICIES:
@@ -216,7 +220,7 @@ def import_command(
             raise fail(f"--memory-layers: {exc}") from None
     hybrid = {k: v for k, v in {"window": window, "sinks": sinks, "gla_branch": gla, "combine": combine, "memory_slots": memory,
                                 "memory_policy": memory_policy, "memory_layers": layers, "memory_rest_slots": memory_rest,
-                                "memory_distance": memory_distance}.items()
+                                "memory_distance": memory_distance, "memory_rest_distance": memory_rest_distance}.items()
               if v is not None}
     target = _target(settings, out)
     lm = _convert(src, target, tokenizer=Path(tokenizer).expanduser() if tokenizer else None, plain=plain_template,

@@ -222,6 +222,16 @@ def _write_undo(model_dir: Path, applied: list[Applied]) -> None:
         write_delta(model_dir / UNDO_DIR / a.file, a.undo, a.fmt, metadata={"undoes": f"{a.file} sha256 {a.sha256}"})
 
 
+def _read_at(memory: dict[str, Any], window: int) -> str:
+    """Where the shipped settings read the memory, for the card's changes line: "" at the
+    window's edge, " at RoPE distance 512", or, with a distance for the rest group,
+    " at RoPE distance 512 (256 in the other layers)"."""
+    near, rest = memory.get("memory_distance", 0), memory.get("memory_rest_distance", 0)
+    if rest:
+        return f" at RoPE distance {near or window} ({rest} in the other layers)"
+    return f" at RoPE distance {near}" if near else ""
+
+
 def card_fields(teacher: Teacher, hybrid: HybridOptions, applied: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "teacher": teacher.name,
@@ -245,8 +255,7 @@ def shipped_fields(sinks: int, window: int, applied: list[dict[str, Any]]) -> di
             "a GLA branch per layer carries the tokens older than the window in a fixed state "
             + ("(trained by attention transfer)" if BRANCH_FILE in trained else "(untrained: initial parameters)"),
         ] + ([f"a memory of evicted tokens beside the window: {describe_memory(slots, memory.get('memory_policy', ''), layers, rest=rest)} "
-              f"per {'kv head' if layers else 'layer and kv head'}, read by the window's softmax"
-              + (f" at RoPE distance {memory['memory_distance']}" if memory.get("memory_distance") else "")] if slots else [])
+              f"per {'kv head' if layers else 'layer and kv head'}, read by the window's softmax" + _read_at(memory, window)] if slots else [])
         + (["an 'answer from the conversation' delta is added to the teacher's weights"] if DELTA_FILE in trained else []),
         "shipped": applied,
     }

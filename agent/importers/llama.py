@@ -48,6 +48,7 @@ class HybridOptions:
     memory_layers: tuple[int, ...] = ()  # the layers that keep it (empty: all)
     memory_rest_slots: int = 0  # slots per kv head in the layers memory_layers leaves out (0: none)
     memory_distance: int = 0  # the RoPE distance the window reads the memory at (0: W)
+    memory_rest_distance: int = 0  # the same in the layers memory_layers leaves out (0: as memory_distance)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +107,7 @@ def hybrid_config(shape: LlamaShape, opts: HybridOptions, *, name: str) -> Lapla
             window=opts.window, sinks=opts.sinks, gla_branch=opts.gla_branch, feature_map=opts.feature_map,
             combine=opts.combine, memory_slots=opts.memory_slots, memory_policy=opts.memory_policy,
             memory_layers=tuple(opts.memory_layers), memory_rest_slots=opts.memory_rest_slots,
-            memory_distance=opts.memory_distance,
+            memory_distance=opts.memory_distance, memory_rest_distance=opts.memory_rest_distance,
         )
     except ValueError as exc:
         raise CheckpointError(f"cannot make a window hybrid of this Llama ({exc})") from None

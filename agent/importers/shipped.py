@@ -26,7 +26,7 @@ SHIPPED_FILES = ((BRANCH_FILE, ("replace",)), (DELTA_FILE, ("add", "lora")))
 # (the recall its state was measured to keep, from which chat takes its recall horizon).
 SETTINGS_FILE = "settings.json"
 SETTINGS_FORMAT = "settings"
-SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers", "memory_rest_slots", "memory_distance")
+SETTING_KEYS = ("memory_slots", "memory_policy", "memory_layers", "memory_rest_slots", "memory_distance", "memory_rest_distance")
 CARD_KEYS = ("recall_measured",)
 
 
@@ -104,16 +104,24 @@ def read_settings(path: Path) -> dict[str, Any]:
     return values
 
 
-def describe_memory(slots: int, policy: str, layers: Sequence[int] = (), n_layers: int = 0, rest: int = 0, distance: int = 0) -> str:
+def describe_memory(slots: int, policy: str, layers: Sequence[int] = (), n_layers: int = 0, rest: int = 0, distance: int = 0,
+                    rest_distance: int = 0) -> str:
     """A config's memory of evicted tokens in words: "224 slots (novelty)", "768 slots
     (novelty) in 13 of 30 layers (11, 14, ...)", "... and 216 in the other 17", "..., read
-    at distance 512" (`memory_distance`; 0: at the window's edge, unsaid), or "none"."""
+    at distance 512" (`memory_distance`; 0: at the window's edge, unsaid), or "none". With
+    `rest_distance` (`memory_rest_distance`) each group says its own: "... (11, 14, ...),
+    read at distance 512, and 216 in the other 17, read at the window's edge"."""
     if not slots:
         return "none"
     of = f" of {n_layers}" if n_layers else ""
     where = f" in {len(layers)}{of} layers ({', '.join(map(str, layers))})" if layers else ""
     others = f" the other {n_layers - len(layers)}" if n_layers else " each other layer"
-    return (f"{slots} slots ({policy}){where}" + (f" and {rest} in{others}" if rest and layers else "")
+    two = bool(rest and layers)
+    if two and rest_distance:
+        def at(d: int) -> str:
+            return f", read at distance {d}" if d else ", read at the window's edge"
+        return f"{slots} slots ({policy}){where}{at(distance)}, and {rest} in{others}{at(rest_distance)}"
+    return (f"{slots} slots ({policy}){where}" + (f" and {rest} in{others}" if two else "")
             + (f", read at distance {distance}" if distance else ""))
 
 

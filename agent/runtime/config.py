@@ -88,6 +88,7 @@ class LaplaceConfig:
     memory_layers: tuple[int, ...] = ()  # the layers that keep the memory, ascending (empty: every layer)
     memory_rest_slots: int = 0  # evicted tokens kept per kv head in the layers memory_layers leaves out (0: none)
     memory_distance: int = 0  # the RoPE distance the window reads the memory at (0: W, just past its edge)
+    memory_rest_distance: int = 0  # the same for the layers memory_layers leaves out (0: as memory_distance)
     format_version: int = CONFIG_FORMAT_VERSION
     # Derived in __post_init__ (not constructor arguments).
     key_dim: int = field(init=False)
@@ -144,9 +145,15 @@ class LaplaceConfig:
         if self.memory_rest_slots < 0 or (self.memory_rest_slots and not (self.memory_slots and self.memory_layers)):
             raise ValueError("memory_rest_slots keeps a memory in the layers memory_layers leaves out: it needs memory_slots "
                              "and memory_layers, and is >= 0")
-        if isinstance(self.memory_distance, bool) or not isinstance(self.memory_distance, int) or self.memory_distance < 0:
-            raise ValueError(f"memory_distance is the RoPE distance the memory is read at: give 0 (the window, {self.window}) "
-                             f"or a number of tokens >= 1, got {self.memory_distance!r}")
+        for name in ("memory_distance", "memory_rest_distance"):
+            d = getattr(self, name)
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                same = f"the window, {self.window}" if name == "memory_distance" else "as memory_distance"
+                raise ValueError(f"{name} is the RoPE distance the memory is read at: give 0 ({same}) "
+                                 f"or a number of tokens >= 1, got {d!r}")
+        if self.memory_rest_distance and not self.memory_rest_slots:
+            raise ValueError("memory_rest_distance is where the layers memory_layers leaves out read their memory: "
+                             "it needs memory_rest_slots")
         if self.memory_slots and self.memory_policy == "recall" and not self.gla_branch:
             raise ValueError("memory_policy 'recall' scores tokens by the GLA branch's recall error; turn gla_branch on or use 'attention' or 'novelty'")
         if not 0 < self.half_life_min <= self.half_life_max:
@@ -172,6 +179,12 @@ class LaplaceConfig:
         `memory_distance`, or W when it is 0. The same at every step, so no angle grows with
         the session; not part of `architecture()`: the memory holds the same bytes either way."""
         return self.memory_distance or self.window
+
+    def memory_read_at_layer(self, layer: int) -> int:
+        """`memory_read_at` for layer `layer`: `memory_rest_distance` (when set) in the layers
+        `memory_layers` leaves out, which keep `memory_rest_slots`; `memory_read_at` elsewhere."""
+        rest = self.memory_rest_distance and self.memory_layers and layer not in self.memory_layers
+        return self.memory_rest_distance if rest else self.memory_read_at
 
     @property
     def feature_size(self) -> int:
@@ -335,7 +348,8 @@ _SWITCHES = frozenset(
     ("mixer", "n_qk_heads", "qk_scale", "d_skip", "v_times_dt", "gate", "norm_groups", "conv_activation",
      "conv_bias", "proj_bias", "dt_min", "dt_max", "tie_embeddings", "final_norm_eps",
      "n_kv_heads", "rope_theta", "window", "sinks", "gla_branch", "feature_map", "feature_dim", "combine",
-     "memory_slots", "memory_policy", "memory_layers", "memory_rest_slots", "memory_distance")
+     "memory_slots", "memory_policy", "memory_layers", "memory_rest_slots", "memory_distance",
+     "memory_rest_distance")
 )
 
 

@@ -6,7 +6,8 @@ values of tokens that have left the window, in bf16 (`state_spec.MEMORY_DTYPE`: 
 scored as it leaves, then kept, and so read by every path, rounded).
 The window's own softmax reads them, beside the sinks and the window, at one RoPE distance:
 W, just past the window's edge, unless the config's `memory_distance` names another
-(`LaplaceConfig.memory_read_at`); one angle, so none grows with the session (as the sinks'
+(`LaplaceConfig.memory_read_at`; `memory_rest_distance` gives the rest group its own,
+`memory_read_at_layer`); one angle a layer, so none grows with the session (as the sinks'
 do not).
 
 Which tokens it keeps. A token leaving the window at step t becomes a candidate with a score

@@ -33,10 +33,12 @@ class Block(nn.Module):
     """Pre-norm residual block: the token mixer (any of `mixers.MIXERS`, through their one
     interface), then (unless ffn_dim is 0) a GLU."""
 
-    def __init__(self, config: LaplaceConfig) -> None:
+    def __init__(self, config: LaplaceConfig, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.attn = MIXERS[config.mixer](config)
+        if config.mixer == "window":  # the distance this layer's group reads its memory at
+            self.attn.memory_at = config.memory_read_at_layer(layer)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps) if config.ffn_dim else None
         self.ffn = GLU(config) if config.ffn_dim else None
 
@@ -62,7 +64,7 @@ class LaplaceModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps if config.final_norm_eps is None else config.final_norm_eps)
         # Tied embeddings (Mamba-2 checkpoints): the LM head reads the input embedding.
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)

@@ -392,6 +392,7 @@ class WindowAttention(nn.Module):
         self.v_proj = nn.Linear(c.d_model, kv, bias=False)
         self.o_proj = nn.Linear(c.value_dim, c.d_model, bias=False)
         self.gla_branch = GLABranch(c) if c.gla_branch else None
+        self.memory_at = c.memory_read_at  # RoPE distance of this layer's memory read (`Block` sets its group's)
         self.decay_tap = nn.Identity()  # the branch's g passes through it, so probes can hook the decays
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -424,7 +425,7 @@ class WindowAttention(nn.Module):
         num, den, win_k, win_v, *_, memory = window_attention(
             q, k, v, layer["win_k"], layer["win_v"], pos, lengths, window=c.window, sinks=c.sinks,
             theta=c.rope_theta, block=c.chunk_size, memory=memory, memory_policy=c.memory_policy, ev_score=ev_score,
-            evicted=evicted, memory_at=c.memory_read_at)
+            evicted=evicted, memory_at=self.memory_at)
         out = {"win_k": win_k, "win_v": win_v} | (memory or {})
         if branch is None:
             y = combine(num, den, None, None, None, c.combine)
@@ -494,7 +495,7 @@ class WindowAttention(nn.Module):
                       g=br.log_decay(x), mix=br.mix.float(), mode=c.combine)
         slots = c.memory_slots if memory_slots is None else memory_slots
         if slots:
-            kw.update(memory_slots=slots, memory_policy=c.memory_policy, memory_at=c.memory_read_at)
+            kw.update(memory_slots=slots, memory_policy=c.memory_policy, memory_at=self.memory_at)
             if br is not None:
                 kw.setdefault("phi_k", feature_map(k.repeat_interleave(c.n_heads // c.kv_heads, 2), br.k_map, c.feature_map))
                 kw.setdefault("g", br.log_decay(x))

@@ -16,7 +16,8 @@ token), in the fewest ops a step can take:
 - the memory (if on) scores the leaving key ("novelty" against the ring's window slots
   rotated back with a per-slot table, those within `memory.NOVELTY_SPAN` after the leaving
   token masked by another), admits it (`memory.admit`) and is read at one angle (W unless
-  the config's `memory_distance` says otherwise).
+  the config's `memory_distance`, or for the rest group `memory_rest_distance`, says
+  otherwise: `attn.memory_at`).
 
 Everything that depends on the position alone (cos/sin of the angles, the per-slot angle
 choice and mask) is tabulated once per (S, W, D, theta, device) for the S + 2W distinct
@@ -116,7 +117,7 @@ def window_step_(attn: Any, x: Tensor, state: dict[str, Tensor], pos: Tensor) ->
     B = x.shape[0]
     H, G, D, S, W = c.n_heads, c.kv_heads, c.head_k_dim, c.sinks, c.window
     R, half = H // G, D // 2
-    tabs = step_tables(S, W, D, c.rope_theta, x.device, c.memory_read_at)
+    tabs = step_tables(S, W, D, c.rope_theta, x.device, attn.memory_at)
     memory = "mem_k" in state  # this layer keeps a memory (`state_spec.memory_layers`)
     # One row through the C step; with a memory, every row one by one (the torch form below
     # ranks the candidates with a sort per step, ~4x the window's time).

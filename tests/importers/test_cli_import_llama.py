@@ -59,21 +59,22 @@ def test_import_with_a_memory_of_two_sizes_and_info_names_both(gguf_path):
     """--memory-layers with --memory-rest: 8 slots in layer 1, 3 in the others; info says so
     and counts both groups' bytes as the memory's."""
     res = laplace("import", str(gguf_path), "--out", "two", "--window", "16", "--memory", "8", "--memory-policy", "novelty",
-                  "--memory-layers", "1", "--memory-rest", "3", "--memory-distance", "40")
+                  "--memory-layers", "1", "--memory-rest", "3", "--memory-distance", "40", "--memory-rest-distance", "20")
     assert res.exit_code == 0, res.output
     info = json.loads(laplace("info", "-m", "two", "--json").stdout)
     c, parts = info["config"], info["state_parts"]
-    assert c["memory_layers"] == [1] and c["memory_rest_slots"] == 3 and c["memory_distance"] == 40
+    assert c["memory_layers"] == [1] and c["memory_rest_slots"] == 3 and c["memory_distance"] == 40 and c["memory_rest_distance"] == 20
     assert parts["mem_k"] * 3 == parts["rest_k"] * 8 * (c["n_layers"] - 1)  # 8 slots in one layer, 3 in each other
     text = laplace("info", "-m", "two").stdout
     held = sum(v for n, v in parts.items() if n.startswith(("mem_", "rest_")))
-    assert (f"memory of 8 evicted tokens per kv head in 1 of {c['n_layers']} layers and 3 in the other {c['n_layers'] - 1} "
-            "(novelty, read at distance 40)") in text
+    assert (f"memory of evicted tokens per kv head: 8 slots (novelty) in 1 of {c['n_layers']} layers (1), read at distance 40, "
+            f"and 3 in the other {c['n_layers'] - 1}, read at distance 20") in text
     assert f"+ memory {held:,} +" in text
 
 
 @pytest.mark.parametrize("case", ["other-arch", "unsupported-quant", "not-gguf-file", "window-on-mamba", "bad-combine",
-                                  "bad-memory-policy", "rest-without-layers", "negative-memory-distance"])
+                                  "bad-memory-policy", "rest-without-layers", "negative-memory-distance",
+                                  "rest-distance-without-rest"])
 def test_refusals_are_one_line_exit_1_nothing_written(tmp_path, case):
     args = []
     if case == "other-arch":
@@ -103,6 +104,11 @@ def test_refusals_are_one_line_exit_1_nothing_written(tmp_path, case):
         llama_gguf(src)
         args = ["--memory", "8", "--memory-policy", "novelty", "--memory-distance", "-1"]
         needle = "--memory-distance must be 0 or more, not -1"
+    elif case == "rest-distance-without-rest":
+        src = tmp_path / "q.gguf"
+        llama_gguf(src)
+        args = ["--memory", "8", "--memory-policy", "novelty", "--memory-layers", "1", "--memory-rest-distance", "20"]
+        needle = "--memory-rest-distance is where the layers --memory-layers leaves out read their memory; give --memory-rest too"
     elif case == "rest-without-layers":
         src = tmp_path / "q.gguf"
         llama_gguf(src)

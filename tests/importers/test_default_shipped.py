@@ -325,3 +325,15 @@ def test_memory_layers_parse_and_read_in_words() -> None:
     assert describe_memory(448, "novelty", rest=216) == "448 slots (novelty)"  # a rest group needs chosen layers
     assert describe_memory(640, "novelty", (1,), 30, rest=304, distance=512) == \
         "640 slots (novelty) in 1 of 30 layers (1) and 304 in the other 29, read at distance 512"
+    from agent.importers.default_model import SETTINGS_FILE, shipped_fields
+
+    values = {"memory_slots": 640, "memory_policy": "novelty", "memory_layers": [1], "memory_rest_slots": 304}
+    for extra, said in (({}, "read by the window's softmax"), ({"memory_distance": 512}, "softmax at RoPE distance 512"),
+                        ({"memory_distance": 512, "memory_rest_distance": 256}, "softmax at RoPE distance 512 (256 in the other layers)"),
+                        ({"memory_rest_distance": 300}, "softmax at RoPE distance 256 (300 in the other layers)")):
+        line = shipped_fields(4, 256, [{"file": SETTINGS_FILE, "values": {**values, **extra}}])["changes"][-1]
+        assert line.endswith(said), (extra, line)
+    assert describe_memory(640, "novelty", (1,), 30, rest=304, distance=512, rest_distance=256) == \
+        "640 slots (novelty) in 1 of 30 layers (1), read at distance 512, and 304 in the other 29, read at distance 256"
+    assert describe_memory(640, "novelty", (1,), 30, rest=304, rest_distance=300) == \
+        "640 slots (novelty) in 1 of 30 layers (1), read at the window's edge, and 304 in the other 29, read at distance 300"

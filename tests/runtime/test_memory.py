@@ -45,6 +45,9 @@ GRID += SOME_LAYERS
 FAR = [
     pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_distance=2 * NW + 3), id="novelty-read-far"),
     pytest.param(dict(memory_slots=3, memory_policy="attention", combine="softmax", memory_distance=40), id="attention-read-far"),
+    # each group at its own distance (`memory_rest_distance`): layer 1 far, layer 0 at the window's edge
+    pytest.param(dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2,
+                      memory_distance=2 * NW + 3, memory_rest_distance=NW), id="novelty-groups-read-apart"),
 ]
 GRID += FAR
 
@@ -139,6 +142,37 @@ def test_a_negative_read_distance_is_refused_and_zero_is_left_out_of_the_config(
     c = window_model(memory_slots=4, memory_policy="novelty").config
     assert "memory_distance" not in c.to_dict()  # the shipped configs' bytes (and fingerprints) as before
     assert c.replace(memory_distance=512).to_dict()["memory_distance"] == 512
+
+
+def test_each_group_reads_its_memory_at_its_own_distance():
+    """`memory_rest_distance` moves the rest group's read only: layer 0 (the rest) reads at
+    it, layer 1 at `memory_distance`; naming the same distance twice changes nothing, a
+    different one changes the logits past S + W only, and the state's architecture and slots
+    stay the same."""
+    kw = dict(memory_slots=4, memory_policy="novelty", gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2,
+              memory_distance=3 * NW)
+    ids = torch.randint(0, 64, (1, 45), generator=torch.Generator().manual_seed(23))
+    both, same, apart = window_model(**kw), window_model(**kw, memory_rest_distance=3 * NW), window_model(**kw, memory_rest_distance=NW)
+    assert [b.attn.memory_at for b in both.blocks] == [3 * NW, 3 * NW]
+    assert [b.attn.memory_at for b in apart.blocks] == [NW, 3 * NW]
+    assert apart.config.memory_read_at_layer(0) == NW and apart.config.memory_read_at_layer(1) == apart.config.memory_read_at == 3 * NW
+    assert apart.config.architecture() == both.config.architecture()
+    with torch.no_grad():
+        a, sa = both(ids)
+        b, _ = same(ids)
+        c, sc = apart(ids)
+    assert torch.equal(a, b)
+    inside = NW + both.config.sinks
+    assert torch.equal(a[:, :inside], c[:, :inside]) and (a[:, inside:] - c[:, inside:]).abs().max() > TOL
+    assert torch.equal(sa.tensors["rest_pos"], sc.tensors["rest_pos"]) and torch.equal(sa.tensors["mem_pos"], sc.tensors["mem_pos"])
+
+
+@pytest.mark.parametrize("kw", [dict(memory_rest_distance=40), dict(memory_rest_distance=-1, memory_layers=(1,), memory_rest_slots=2),
+                                dict(memory_rest_distance="far", memory_layers=(1,), memory_rest_slots=2)])
+def test_a_rest_read_distance_needs_a_rest_group_and_a_distance(kw):
+    with pytest.raises(ValueError, match="memory_rest_distance"):
+        window_model(memory_slots=4, memory_policy="novelty", **kw)
+    assert "memory_rest_distance" not in window_model(memory_slots=4, memory_policy="novelty").config.to_dict()
 
 
 @pytest.mark.parametrize("kw", GRID)

@@ -39,6 +39,9 @@ GRID = [
     pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2), id="layer-1-rest-2"),
     # the memory read at its own distance (`memory_distance`), not W
     pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_distance=3 * NW), id="read-far"),
+    # and each group at its own (`memory_rest_distance`): the engine passes each layer its group's table
+    pytest.param(dict(memory_slots=4, gla_branch=False, window=NW, memory_layers=(1,), memory_rest_slots=2, memory_distance=3 * NW,
+                      memory_rest_distance=NW + 5), id="groups-read-apart"),
 ]
 WEIGHTS = pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 

@@ -200,7 +200,6 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
     h, h_mm = torch.empty(1, d), torch.empty(1, d, dtype=act)
     y, a = torch.empty(1, c.n_heads * c.head_v_dim, dtype=act), torch.empty(1, f, dtype=act)
     t = int(state.positions)
-    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, x.device, c.memory_read_at)
     xp, hp, hmp, ap = x.data_ptr(), h.data_ptr(), h_mm.data_ptr(), a.data_ptr()
     prev: Tensor | None = None
     prev_scale = None
@@ -208,7 +207,7 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
         lib.laplace_add_norm(xp, None if prev is None else prev.data_ptr(), bf, prev_scale, d,
                              lp.attn_norm.weight.data_ptr(), lp.attn_norm.eps, hp, hmp, bf)
         qkv = lp.qkv(h_mm)
-        run_window(lib, lp.attn, layer, t, tabs, qkv, bf, lp.qkv.scale, h, y)
+        run_window(lib, lp.attn, layer, t, _tables(lp.attn, x.device), qkv, bf, lp.qkv.scale, h, y)
         o = lp.o(y)
         lib.laplace_add_norm(xp, o.data_ptr(), bf, lp.o.scale_ptr(), d, lp.ffn_norm.weight.data_ptr(), lp.ffn_norm.eps,
                              None, hmp, bf)
@@ -223,6 +222,12 @@ def step_(plan: Plan, model: nn.Module, tokens: Tensor, state: Any) -> Tensor:
     return logits
 
 
+def _tables(attn: Any, device: torch.device) -> Any:
+    """The step's tables for the window mixer `attn`, its memory read at its layer's distance."""
+    c = attn.config
+    return step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, device, attn.memory_at)
+
+
 def forward(plan: Plan, model: nn.Module, input_ids: Tensor, state: Any, *, last_only: bool, head: bool) -> tuple[Tensor, Any]:
     """`LaplaceModel.forward` for one row without padding: the matmuls over all T rows at once
     (torch), the window mixer token after token in one C call per layer (the step's numbers,
@@ -233,13 +238,12 @@ def forward(plan: Plan, model: nn.Module, input_ids: Tensor, state: Any, *, last
     T = input_ids.shape[1]
     state = state.clone()
     t0 = int(state.positions)
-    tabs = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta, input_ids.device, c.memory_read_at)
     x = model.embed(input_ids[0]).float()
     y = torch.empty(T, c.n_heads * c.head_v_dim)
     for lp, layer in zip(plan.layers, state.layer_views(c)):
         h = lp.attn_norm(x).contiguous()
         qkv = lp.qkv.rows(h).contiguous()
-        run_window(lib, lp.attn, layer, t0, tabs, qkv, 0, None, h, y)
+        run_window(lib, lp.attn, layer, t0, _tables(lp.attn, input_ids.device), qkv, 0, None, h, y)
         x = x + lp.o.rows(y)
         gate, up = lp.gate_up.rows(lp.ffn_norm(x)).split(c.ffn_dim, -1)
         x = x + lp.down.rows(F.silu(gate) * up)

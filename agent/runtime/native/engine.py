@@ -233,8 +233,11 @@ class Engine:
         self.tables = step_tables(c.sinks, c.window, c.head_k_dim, c.rope_theta)
         self.static = [self._window_args(i) for i in range(c.n_layers)]
         # With a memory, laplace_window_memory takes these after laplace_window's arguments (and the state's).
-        self.mem_table = memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta, c.memory_read_at) if c.memory_slots else None
-        self.mem_static = () if self.mem_table is None else (self.mem_table.ctypes.data, NOVELTY_SPAN, 1.0 - TWIN)
+        # Each memory group's table, at the distance its layers read the memory at (kept: the kernel reads their addresses).
+        at = sorted({c.memory_read_at_layer(i) for i in range(c.n_layers)}) if c.memory_slots else []
+        self.mem_tables = {d: memory_table(c.sinks, c.window, c.head_k_dim, c.rope_theta, d) for d in at}
+        self.mem_static = [(self.mem_tables[c.memory_read_at_layer(i)].ctypes.data, NOVELTY_SPAN, 1.0 - TWIN) if at else ()
+                           for i in range(c.n_layers)]
         # Each layer's memory: its stacked tensors' names (mem_k & co. or rest_k & co.), its row and M; or None.
         self.mem_rows = [None if "mem_k" not in rows else (tuple(rows[n][0] for n in MEMORY_NAMES), rows["mem_k"][1], memory_slots_of(c, i))
                          for i, rows in enumerate(layer_rows(c, self.state_spec()))]
@@ -375,7 +378,7 @@ class Engine:
             rc = self.lib.laplace_window(*args)
         else:
             names, r, slots = own
-            rc = self.lib.laplace_window_memory(*args, *(mem[n][0] + r * mem[n][1] for n in names), slots, *self.mem_static)
+            rc = self.lib.laplace_window_memory(*args, *(mem[n][0] + r * mem[n][1] for n in names), slots, *self.mem_static[i])
         if rc != 0:
             raise EngineUnavailable(f"the window kernel refused the shapes of layer {i}")
 
