@@ -24,6 +24,11 @@ Kinds of dialogue (`KIND_SHARES`):
   and states nothing, so a word of the question met in the chat is not an answer (in the
   probe's refresh-on conversations, whose filler names lockers and colors, "Which locker is
   mine?" got "You said you live in the locker."). Each fits one row of `--seq-len 2048`.
+  `--long-doc P`: a share P of them pass that gap as pasted prose instead (the user shares
+  pieces of the Python reference, `text_records`, each acknowledged with weight 0), so a
+  detail is asked for after a long stretch of text that is not chat: the memory's pass key
+  (a code stated once in long filler) got a filler word back from the tuned model
+  (': "Coral"') where the base gave the digits.
 - "anchor": an everyday request (recipes/answer/requests.py) answered in the teacher's own
   words (recipes/answer/teacher.py), after a stated detail; about a third of the requests
   mention the user's own things and ask for something new. `FRESH_ANCHOR_SHARE` of them are
@@ -89,6 +94,7 @@ KIND_SHARES = {"window": 0.52, "recall": 0.22, "update": 0.12, "anchor": 0.14, "
 LONG_GAP = (300, 1_500)  # "long" kind: tokens of chat between the last statement and the first question
 LONG_MAX_TOKENS = 1_950  # a long dialogue fits one row of --seq-len 2048
 LONG_NOT_TOLD_SHARE = 0.5
+DOC_RECORDS = 400  # --long-doc: pieces of prose a mix's pasted gaps draw from
 HORIZON = 1_024  # the default's recall horizon (settings.json's recall_measured): older turns come back in a block
 NOT_TOLD_SHARE = 0.33
 FRESH_ANCHOR_SHARE = 0.4  # of the anchor dialogues: a fresh chat with requests only, nothing stated
@@ -204,6 +210,23 @@ def _long_chat(rng: random.Random, talk: _Talk, anchors: Sequence[tuple[str, str
     return out
 
 
+DOC_LEADS = ("Here's something I'm reading:", "Keep this passage handy:", "Pasting a section from the docs:",
+             "This is the text I'm working through:", "More of the document:")
+DOC_ACKS = ("Thanks, I've read it.", "Got it.", "Okay, I have the passage.", "Noted.", "Sure, go on.")
+
+
+def _doc_chat(rng: random.Random, docs: Sequence[str], target: int, avoid: Sequence[str]) -> list[Message]:
+    """About `target` tokens of pasted prose (weight 0): user turns of one or two `docs`
+    pieces, none naming a value in `avoid`, each acknowledged in a word or two."""
+    usable = [d for d in docs if not any(mentions(d, v) for v in avoid)]
+    out: list[Message] = []
+    while usable and size(out) < target:
+        body = "\n\n".join(rng.sample(usable, min(len(usable), rng.choice((1, 2)))))
+        out += [{"role": "user", "content": f"{rng.choice(DOC_LEADS)}\n\n{body}"},
+                {"role": "assistant", "content": rng.choice(DOC_ACKS), "weight": 0}]
+    return out
+
+
 def _block(question: str, cands: Sequence[Candidate], horizon: int) -> str:
     """The recall block chat folds before `question` (the real rule and formatter), or ""."""
     chosen = select(question, cands, horizon=horizon, budget=BLOCK_BUDGET, count=tokens)
@@ -211,9 +234,10 @@ def _block(question: str, cands: Sequence[Candidate], horizon: int) -> str:
 
 
 def _long(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequence[tuple[str, str]], near: float,
-          gap: tuple[int, int], horizon: int) -> list[Message] | None:
+          gap: tuple[int, int], horizon: int, doc: float = 0.0, docs: Sequence[str] = ()) -> list[Message] | None:
     """A "long" dialogue (see the module docstring); None when a block would not hold an
-    answer the reply gives."""
+    answer the reply gives. A share `doc` pass the last gap as pasted `docs` (0 draws
+    exactly as before)."""
     talk = _Talk(rng)
     msgs: list[Message] = [{"role": "system", "content": ""}]
     taken: set[str] = set()
@@ -225,7 +249,10 @@ def _long(rng: random.Random, concepts: Sequence[TrainConcept], anchors: Sequenc
         msgs += [{"role": "user", "content": say(rng.choice(c.statements), v)},
                  {"role": "assistant", "content": rng.choice(ACKS), "weight": 0}]
         msgs += _long_chat(rng, talk, anchors, rng.choice((0, 0, 40)), values)
-    msgs += _long_chat(rng, talk, anchors, rng.randint(*gap), values)
+    if doc and rng.random() < doc:
+        msgs += _doc_chat(rng, docs, rng.randint(*gap), values)
+    else:
+        msgs += _long_chat(rng, talk, anchors, rng.randint(*gap), values)
     for c, v in _questions(rng, concepts, facts, LONG_NOT_TOLD_SHARE, near)[:2]:
         q = rng.choice(c.questions)
         # The turns chat would consider for a block: every earlier message but the system's,
@@ -298,7 +325,8 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
              near: float = NEAR_SHARE, anchors: Sequence[tuple[str, str]] = (), gap: tuple[int, int] = GAP_TOKENS,
              anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP, horizon: int = HORIZON,
              gap_chatter: float = 0.0, reach: int = WINDOW_REACH, edge_rival: float = 0.0,
-             rival_first: float = 0.0, even_pairs: float = 0.0) -> list[Message] | None:
+             rival_first: float = 0.0, even_pairs: float = 0.0, long_doc: float = 0.0,
+             docs: Sequence[str] = ()) -> list[Message] | None:
     """One dialogue of `kind` ("window", "recall", "update", "anchor" or "long"); None when a recall
     block would not hold an answer the reply gives (the caller draws again). An anchor that
     is not a fresh chat states 1 to `anchor_details` details before its everyday request. A
@@ -310,9 +338,10 @@ def dialogue(rng: random.Random, kind: str, concepts: Sequence[TrainConcept], *,
     question; a share `rival_first` of those state the rival first and the asked one last,
     at the edge (0 and 0 draw exactly as before). A share `even_pairs` of the window dialogues
     state two details of one kind, the kind drawn evenly over the kinds (`_even_pair`), and ask
-    the first of them (0 draws exactly as before)."""
+    the first of them (0 draws exactly as before). A share `long_doc` of the long dialogues
+    pass their gap as pasted `docs`."""
     if kind == "long":
-        return _long(rng, concepts, anchors, near, long_gap, horizon)
+        return _long(rng, concepts, anchors, near, long_gap, horizon, long_doc, docs)
     talk = _Talk(rng)
     msgs: list[Message] = [{"role": "system", "content": ""}]
     taken: set[str] = set()
@@ -406,7 +435,8 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
               shares: dict[str, float] | None = None, not_told: float = NOT_TOLD_SHARE, near: float = NEAR_SHARE,
               gap: tuple[int, int] = GAP_TOKENS, anchor_details: int = 1, long_gap: tuple[int, int] = LONG_GAP,
               horizon: int = HORIZON, gap_chatter: float = 0.0, reach: int = WINDOW_REACH,
-              edge_rival: float = 0.0, rival_first: float = 0.0, even_pairs: float = 0.0) -> list[tuple[str, list[Message]]]:
+              edge_rival: float = 0.0, rival_first: float = 0.0, even_pairs: float = 0.0,
+              long_doc: float = 0.0) -> list[tuple[str, list[Message]]]:
     """`n` (kind, dialogue) pairs within `MAX_TOKENS` (`LONG_MAX_TOKENS` for "long"; longer
     draws are drawn again); no "anchor" kind without anchors, none of a kind of share 0."""
     rng = random.Random(f"answer-mix/{seed}")
@@ -415,12 +445,13 @@ def dialogues(n: int, seed: int, concepts: Sequence[TrainConcept], anchors: Sequ
         shares.pop("anchor", None)
     shares = {k: w for k, w in shares.items() if w > 0}
     kinds, weights = list(shares), list(shares.values())
+    docs = text_records(DOC_RECORDS, seed + 7) if long_doc and "long" in shares else []
     out: list[tuple[str, list[Message]]] = []
     while len(out) < n:
         kind = rng.choices(kinds, weights)[0]
         msgs = dialogue(rng, kind, concepts, not_told=not_told, near=near, anchors=anchors, gap=gap,
                         anchor_details=anchor_details, long_gap=long_gap, horizon=horizon, gap_chatter=gap_chatter, reach=reach,
-                        edge_rival=edge_rival, rival_first=rival_first, even_pairs=even_pairs)
+                        edge_rival=edge_rival, rival_first=rival_first, even_pairs=even_pairs, long_doc=long_doc, docs=docs)
         if msgs is not None and size(msgs) <= (LONG_MAX_TOKENS if kind == "long" else MAX_TOKENS):
             out.append((kind, msgs))
     return out
@@ -561,6 +592,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="share of long dialogues, whose statements have left the window (default 0; train them with --seq-len 2048)")
     ap.add_argument("--long-gap", default=f"{LONG_GAP[0]},{LONG_GAP[1]}", metavar="LO,HI",
                     help=f"tokens of chat before the questions of long dialogues (default {LONG_GAP[0]},{LONG_GAP[1]})")
+    ap.add_argument("--long-doc", type=float, default=0.0, metavar="P",
+                    help="share of long dialogues whose gap is pasted prose (pieces of the Python reference) instead of chat "
+                         "(default 0)")
     ap.add_argument("--horizon", type=int, default=HORIZON,
                     help=f"long dialogues: statements older than this many tokens come back in a recall block (default {HORIZON}, the default model's)")
     ap.add_argument("--gap-chatter", type=float, default=0.0, metavar="P",
@@ -611,6 +645,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--rival-first {a.rival_first} turns round --edge-rival draws: give --edge-rival P too")
     if not 0 <= a.even_pairs <= 1:
         ap.error(f"--even-pairs {a.even_pairs}: give a share from 0 to 1")
+    if not 0 <= a.long_doc <= 1:
+        ap.error(f"--long-doc {a.long_doc}: give a share from 0 to 1")
+    if a.long_doc and not a.long_share:
+        ap.error(f"--long-doc {a.long_doc} passes the gap of long dialogues as prose: give --long-share P too")
     if a.horizon < 0:
         ap.error(f"--horizon {a.horizon}: give a number of tokens >= 0")
     shares = {**KIND_SHARES, "anchor": a.anchor_share, "window": a.window_share, "long": a.long_share}
@@ -618,7 +656,8 @@ def main(argv: list[str] | None = None) -> None:
                            not_told=a.not_told_share, near=a.near_share, shares=shares, text=a.text,
                            gap=(lo, hi), anchor_details=a.anchor_details, long_gap=(llo, lhi), horizon=a.horizon,
                            gap_chatter=a.gap_chatter, social_weight=a.social_weight, without=without, reach=a.reach,
-                           edge_rival=a.edge_rival, rival_first=a.rival_first, even_pairs=a.even_pairs)))
+                           edge_rival=a.edge_rival, rival_first=a.rival_first, even_pairs=a.even_pairs,
+                           long_doc=a.long_doc)))
 
 
 if __name__ == "__main__":

@@ -730,3 +730,24 @@ def test_even_pairs_state_two_details_of_one_kind_drawn_evenly_over_kinds_and_as
         main(["--out", str(tmp_path / "x"), "--even-pairs", "2"])
     assert exc.value.code == 2 and "--even-pairs 2.0: give a share from 0 to 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_long_doc_passes_the_gap_as_pasted_prose_and_keeps_replies_right(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--long-doc 1: every long dialogue's last gap is pasted prose (weight-0 acknowledgements,
+    no stated value in it) and each reply is still right; 0 draws the chat gap as before; the
+    option needs --long-share."""
+    from recipes.answer.mix import DOC_ACKS, DOC_LEADS, main
+
+    rows = dialogues(40, 8, TRAIN_CONCEPTS, ANCHORS, shares={"long": 1.0}, long_doc=1.0)
+    for _, msgs in rows:
+        _check_dialogue("long", msgs)
+        _only_answers_trained(msgs)
+        pasted = [i for i, m in enumerate(msgs) if m["role"] == "user" and m["content"].startswith(DOC_LEADS)]
+        assert pasted, msgs
+        assert all(msgs[i + 1]["content"] in DOC_ACKS and msgs[i + 1]["weight"] == 0 for i in pasted)
+        assert sum(size([msgs[i]]) for i in pasted) > 256  # the detail has left the window behind prose
+    chat = dialogues(40, 8, TRAIN_CONCEPTS, ANCHORS, shares={"long": 1.0})
+    assert not any(m["content"].startswith(DOC_LEADS) for _, msgs in chat for m in msgs if m["role"] == "user")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x"), "--long-doc", "0.5"])
+    assert exc.value.code == 2 and "--long-doc 0.5" in capsys.readouterr().err and not (tmp_path / "x").exists()
